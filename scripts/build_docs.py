@@ -1,0 +1,247 @@
+#!/usr/bin/env python3
+"""Build the docs site offline from the notebooks, and README.md from nbs/index.ipynb.
+
+The project keeps nbdev's own Quarto configuration (nbs/_quarto.yml, sidebar.yml), so `nbdev-docs` builds it
+wherever Quarto is installed. Quarto cannot be installed on our machines, so this script renders the same project
+with smalldocs, a pure-Python renderer of `_quarto.yml` projects:
+
+1. nbdev processes the notebooks into _proc/ (what `nbdev-proc-nbs` does, minus its attempt to install Quarto
+   with sudo): directives applied, hidden cells dropped, `show_doc` cells executed into API reference, and
+   backticked names linked;
+2. the processed notebooks are given the page names Quarto would give them (nbdev's `output-file`, e.g.
+   00_core.ipynb -> core.html), so that nbdev's doc links resolve;
+3. smalldocs renders the site; any warning other than the known "Quarto-only key" notes fails the build
+   (a broken link is such a warning);
+4. KaTeX is bundled into the site (smalldocs links it from a CDN), and the theme's import of Google Fonts is
+   dropped (the theme's own fallback font stack applies), so that the site loads nothing from the network.
+
+usage: python scripts/build_docs.py [--out DIR] [--readme | --check-readme] [--serve [PORT]]
+"""
+from __future__ import annotations
+
+import argparse
+import http.server
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# smalldocs notes about keys that only Quarto reads; expected, since the config is nbdev's Quarto config
+EXPECTED_WARNINGS = (
+    re.compile(r"unknown key format-links"),
+    re.compile(r"format commonmark is not built"),
+    re.compile(r"format\.html\.(keep-md|html-math-method) is ignored"),
+    re.compile(r"output-file is not read by smalldocs"),
+)
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+def _frontmatter(nb: dict) -> dict:
+    "The YAML frontmatter nbdev puts in the first raw cell of a processed notebook."
+    import yaml
+
+    if not nb["cells"] or nb["cells"][0]["cell_type"] != "raw":
+        return {}
+    src = "".join(nb["cells"][0]["source"]).strip()
+    return yaml.safe_load(src.strip("-")) or {} if src.startswith("---") else {}
+
+
+def process_notebooks() -> Path:
+    "Run nbdev's notebook processing into _proc/ and return it."
+    os.chdir(ROOT)
+    from nbdev.config import get_config
+    from nbdev.quarto import refresh_quarto_yml
+    from nbdev.serve import proc_nbs
+
+    cfg = get_config()
+    refresh_quarto_yml()  # writes nbs/nbdev.yml (title, description, output dir) from pyproject.toml
+    proc = ROOT / "_proc"
+    if proc.exists():
+        shutil.rmtree(proc)
+    # show_doc's links come from the committed _modidx.py; the tests check it is what nbdev-export makes
+    proc_nbs(path=str(cfg.nbs_path), force=True)
+    return proc
+
+
+def stage_pages(proc: Path, git_url: str) -> dict[str, str]:
+    "Rename processed notebooks to Quarto's page names and fix every reference to them; return the renames."
+    renames = {}
+    for nb_path in sorted(proc.glob("*.ipynb")):
+        out = _frontmatter(json.loads(nb_path.read_text())).get("output-file")
+        if out and Path(out).stem != nb_path.stem:
+            renames[nb_path.name] = Path(out).stem + ".ipynb"
+    for old, new in renames.items():
+        if (proc / new).exists():
+            raise BuildError(f"two notebooks would both become {new}: rename one of them")
+        (proc / old).rename(proc / new)
+    # a reference is the file name not preceded by a path character (so 00_core.ipynb, not x00_core.ipynb)
+    pats = [(re.compile(r"(?<![\w./-])" + re.escape(o)), n) for o, n in renames.items()]
+    for f in [*proc.glob("*.ipynb"), proc / "sidebar.yml"]:
+        text = f.read_text()
+        for pat, new in pats:
+            text = pat.sub(new, text)
+        if not git_url:
+            # nbdev's "source" links need the repository's URL; with none configured they would point nowhere
+            text = re.sub(r"\[source\]\(/?blob/[^)]*\)\{[^}]*\}(\\n)*", "", text)
+        f.write_text(text)
+    return renames
+
+
+def render(proc: Path, out: Path) -> list[str]:
+    "Render _proc/ with smalldocs into `out`; fail on any unexpected warning. Returns the expected notes."
+    exe = Path(sys.executable).with_name("smalldocs")
+    cmd = [str(exe) if exe.exists() else "smalldocs", "render", "-q", str(proc)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    lines = [l for l in (res.stdout + res.stderr).splitlines() if l.strip()]
+    notes = [l for l in lines if any(p.search(l) for p in EXPECTED_WARNINGS)]
+    problems = [l for l in lines if l not in notes and not l.startswith("wrote ")]
+    if res.returncode != 0 or problems:
+        raise BuildError("smalldocs render failed:\n  " + "\n  ".join(problems or lines))
+    built = proc / "_docs"
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.move(str(built), str(out))
+    return notes
+
+
+def katex_dist() -> Path:
+    "Where scripts/setup.sh put KaTeX (the version smalldocs links to)."
+    from smalldocs.layout import KATEX
+
+    version = KATEX.split("katex@")[1].split("/")[0]
+    venv = Path(os.environ.get("AR1_VENV", ROOT / ".venv"))
+    dist = venv / "npm" / "node_modules" / "katex" / "dist"
+    pkg = dist.parent / "package.json"
+    if not (dist / "katex.min.js").exists() or json.loads(pkg.read_text())["version"] != version:
+        raise BuildError(f"KaTeX {version} is not in {dist}; run `bash scripts/setup.sh dev` to fetch it")
+    return dist
+
+
+def bundle_katex(out: Path) -> int:
+    "Copy KaTeX into the site and point every page at it instead of the CDN; return the pages changed."
+    from smalldocs.layout import KATEX
+
+    dist = katex_dist()
+    dest = out / "site_libs" / "katex"
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("katex.min.css", "katex.min.js"):
+        shutil.copy2(dist / name, dest / name)
+    for sub in ("contrib", "fonts"):
+        shutil.copytree(dist / sub, dest / sub, dirs_exist_ok=True)
+    changed = 0
+    for page in out.rglob("*.html"):
+        text = page.read_text()
+        if KATEX in text:
+            rel = os.path.relpath(dest, page.parent).replace(os.sep, "/")
+            page.write_text(text.replace(KATEX, rel))
+            changed += 1
+    return changed
+
+
+_REMOTE_IMPORT = re.compile(r"@import\s+url\((['\"]?)(?:https?:)?//[^)]*\1\)\s*;?")
+
+
+def drop_remote_css_imports(out: Path) -> list[str]:
+    "Remove `@import url(https://...)` (the theme's web fonts) from the site's stylesheets; return what was removed."
+    removed = []
+    for css in out.rglob("*.css"):
+        text = css.read_text()
+        found = _REMOTE_IMPORT.findall(text)
+        if found:
+            removed += [m.group(0)[:80] for m in _REMOTE_IMPORT.finditer(text)]
+            css.write_text(_REMOTE_IMPORT.sub("", text))
+    return removed
+
+
+_EXTERNAL_ASSET = re.compile(r"""<(?:script|link|img|iframe)\b[^>]*\b(?:src|href)=["'](?:https?:)?//""", re.I)
+_EXTERNAL_CSS = re.compile(r"""(@import|url\()\s*['"]?(?:https?:)?//""", re.I)
+
+
+def check_offline(out: Path):
+    "Fail if any page or stylesheet still loads a script, stylesheet, font, image or frame from the network."
+    bad = [str(p.relative_to(out)) for p in out.rglob("*.html") if _EXTERNAL_ASSET.search(p.read_text())]
+    bad += [str(p.relative_to(out)) for p in out.rglob("*.css") if _EXTERNAL_CSS.search(p.read_text())]
+    if bad:
+        raise BuildError(f"these files load assets from the network: {', '.join(bad)}")
+
+
+def readme_text() -> str:
+    "README.md as made from nbs/index.ipynb: its non-hidden cells, links to chapters pointed at nbs/."
+    import nbformat
+    from nbconvert import MarkdownExporter
+
+    nb = nbformat.read(ROOT / "nbs" / "index.ipynb", as_version=4)
+    keep = []
+    for cell in nb.cells:
+        directives = [l for l in cell.source.splitlines() if l.startswith("#|")]
+        if any(re.match(r"#\|\s*(hide|export|exporti|exports|default_exp|eval:\s*false)\b", d) for d in directives):
+            continue
+        if cell.cell_type == "code":
+            cell.source = "\n".join(l for l in cell.source.splitlines() if not l.startswith("#|"))
+        keep.append(cell)
+    nb.cells = keep
+    body, _ = MarkdownExporter().from_notebook_node(nb)
+    # chapter links are relative to nbs/ in the notebook; README.md sits at the root
+    body = re.sub(r"\]\((?!https?:|#|/)([^)\s]+\.ipynb)", r"](nbs/\1", body)
+    header = "<!-- Generated from nbs/index.ipynb by scripts/build_docs.py --readme; edit the notebook. -->\n\n"
+    return header + re.sub(r"\n{3,}", "\n\n", body).strip() + "\n"
+
+
+def build(out: Path) -> dict:
+    "The whole build; returns a summary."
+    from nbdev.config import get_config
+
+    git_url = get_config().git_url
+    proc = process_notebooks()
+    renames = stage_pages(proc, git_url)
+    notes = render(proc, out)
+    pages = bundle_katex(out)
+    dropped = drop_remote_css_imports(out)
+    check_offline(out)
+    return {"out": str(out), "pages": sorted(p.name for p in out.glob("*.html")), "renamed": renames,
+            "katex_pages": pages, "remote_css_imports_dropped": len(dropped),
+            "quarto_only_notes": len(notes)}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=str(ROOT / "_docs"), help="where to write the site (default _docs)")
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--readme", action="store_true", help="also write README.md from nbs/index.ipynb")
+    g.add_argument("--check-readme", action="store_true", help="only check that README.md is up to date")
+    ap.add_argument("--serve", nargs="?", const=8000, type=int, metavar="PORT", help="serve the site afterwards")
+    args = ap.parse_args(argv)
+    try:
+        if args.check_readme:
+            if (ROOT / "README.md").read_text() != readme_text():
+                sys.exit("README.md is out of date with nbs/index.ipynb: run `bash scripts/docs.sh`")
+            print("README.md is up to date")
+            return
+        summary = build(Path(args.out).resolve())
+    except BuildError as e:
+        sys.exit(f"docs build failed: {e}")
+    if args.readme:
+        (ROOT / "README.md").write_text(readme_text())
+        summary["readme"] = "README.md"
+    print(json.dumps(summary, indent=1))
+    if args.serve:
+        handler = partial(http.server.SimpleHTTPRequestHandler, directory=summary["out"])
+        with http.server.ThreadingHTTPServer(("127.0.0.1", args.serve), handler) as srv:
+            print(f"serving {summary['out']} on http://127.0.0.1:{args.serve} (Ctrl-C stops)")
+            try:
+                srv.serve_forever()
+            except KeyboardInterrupt:
+                pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,261 @@
+"""The docs site builds offline from the notebooks and renders in a real browser (headless Chromium).
+
+Screenshots of the index page and of a chapter are saved to _build/artifacts/ as artefacts of the run."""
+import http.server
+import json
+import re
+import subprocess
+import sys
+import threading
+from functools import partial
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import urljoin, urlparse
+
+import pytest
+import yaml
+from conftest import ROOT, default_exp
+
+SITE = ROOT / "_build" / "site"
+ARTIFACTS = ROOT / "_build" / "artifacts"
+# the chapter whose maths and figures are checked in the browser (it has both)
+CHAPTER = "core.html"
+
+
+def _page_name(nb: Path) -> str:
+    "The page Quarto (and our build) makes of a notebook: nbdev drops the number prefix."
+    return re.sub(r"^\d+[a-z]?_", "", nb.stem) + ".html"
+
+
+def _sidebar_notebooks() -> list[str]:
+    def walk(items):
+        for it in items:
+            if isinstance(it, str):
+                yield it
+            elif isinstance(it, dict) and "contents" in it:
+                yield from walk(it["contents"])
+            elif isinstance(it, dict) and "href" in it:
+                yield it["href"]
+    data = yaml.safe_load((ROOT / "nbs" / "sidebar.yml").read_text())
+    return list(walk(data["website"]["sidebar"]["contents"]))
+
+
+NOTEBOOKS = sorted(p for p in (ROOT / "nbs").glob("*.ipynb") if not p.name.startswith(("_", ".")))
+
+
+@pytest.fixture(scope="session")
+def site():
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_docs.py"), "--out", str(SITE)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert res.returncode == 0, f"docs build failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+    return SITE
+
+
+class _Links(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.links, self.ids = [], set()
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if a.get("id"):
+            self.ids.add(a["id"])
+        for key in ("href", "src"):
+            if a.get(key) and not (tag == "link" and a.get("rel") in ("canonical",)):
+                self.links.append(a[key])
+
+
+def _parse(path: Path) -> _Links:
+    p = _Links()
+    p.feed(path.read_text())
+    return p
+
+
+def test_sidebar_lists_every_notebook_in_curriculum_order():
+    listed = _sidebar_notebooks()
+    names = [p.name for p in NOTEBOOKS]
+    expected = ["index.ipynb"] + sorted(n for n in names if n != "index.ipynb")
+    assert listed == expected, f"nbs/sidebar.yml should list {expected} in this order, it lists {listed}"
+
+
+def test_one_page_per_notebook(site):
+    pages = sorted(p.name for p in site.glob("*.html"))
+    assert pages == sorted(_page_name(nb) for nb in NOTEBOOKS)
+
+
+def test_api_reference_documents_every_public_name(site):
+    "Each module's page carries a show_doc entry (an anchor) for every public function and class it exports."
+    import importlib
+    import inspect
+
+    for nb in NOTEBOOKS:
+        exps = default_exp(nb)
+        if not exps:
+            continue
+        mod = importlib.import_module(f"agent_r1_tutorial.{exps[0]}")
+        ids = _parse(site / _page_name(nb)).ids
+        public = [n for n in mod.__all__ if inspect.isfunction(getattr(mod, n)) or inspect.isclass(getattr(mod, n))]
+        assert public, f"{mod.__name__} exports nothing"
+        missing = [n for n in public if n.lower() not in ids]
+        assert not missing, f"{nb.name} has no show_doc for {missing}"
+
+
+def test_no_internal_link_is_broken(site):
+    pages = {p: _parse(p) for p in site.rglob("*.html")}
+    broken = []
+    for page, parsed in pages.items():
+        for link in parsed.links:
+            u = urlparse(link)
+            if u.scheme in ("http", "https", "mailto", "data", "javascript") or link.startswith("//"):
+                continue
+            target = (page.parent / u.path).resolve() if u.path else page
+            if u.path.endswith("/") or (target.is_dir()):
+                target = target / "index.html"
+            if not target.exists():
+                broken.append(f"{page.name}: {link}")
+            elif u.fragment and target.suffix == ".html":
+                ids = pages[target].ids if target in pages else _parse(target).ids
+                if u.fragment not in ids:
+                    broken.append(f"{page.name}: {link} (no such anchor)")
+    assert not broken, "broken internal links:\n" + "\n".join(broken)
+
+
+def test_the_site_needs_no_network(site):
+    "No page loads a script, stylesheet, image or frame from another host; KaTeX is bundled."
+    external = re.compile(r"""<(?:script|link|img|iframe)\b[^>]*\b(?:src|href)=["'](?:https?:)?//""", re.I)
+    offenders = [p.name for p in site.rglob("*.html") if external.search(p.read_text())]
+    css = re.compile(r"""(@import|url\()\s*['"]?(?:https?:)?//""", re.I)
+    offenders += [p.name for p in site.rglob("*.css") if css.search(p.read_text())]
+    assert not offenders
+    assert (site / "site_libs" / "katex" / "katex.min.js").exists()
+    assert list((site / "site_libs" / "katex" / "fonts").glob("*.woff2"))
+
+
+def test_full_text_search_index(site):
+    entries = json.loads((site / "search.json").read_text())
+    hrefs = {e["href"].split("#")[0] for e in entries}
+    assert {_page_name(nb) for nb in NOTEBOOKS} <= hrefs
+    text = " ".join(e["text"] for e in entries if e["href"].startswith(CHAPTER))
+    assert "torn last line" in text  # body text of the chapter, not only its headings
+
+
+def test_readme_is_made_from_index():
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_docs.py"), "--check-readme"],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    readme = (ROOT / "README.md").read_text()
+    assert "bash speedrun.sh" in readme and "bash scripts/test.sh" in readme
+
+
+# ---- in the browser
+
+
+@pytest.fixture(scope="session")
+def server(site):
+    handler = partial(_QuietHandler, directory=str(site))
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/"
+    srv.shutdown()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture(scope="session")
+def browser():
+    from find_chromium import find_chromium
+    from playwright.sync_api import sync_playwright
+
+    exe = find_chromium()
+    assert exe, "no Chromium: scripts/setup.sh dev installs one"
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=exe, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--disable-quic", "--no-first-run"])
+        yield b
+        b.close()
+
+
+def _open(browser, url):
+    "Load a page, recording console errors, page errors, failed requests and any request to another host."
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    problems = []
+    host = urlparse(url).netloc
+
+    def route(r):
+        if urlparse(r.request.url).netloc not in (host, ""):
+            problems.append(f"network request to {r.request.url}")
+            return r.abort()
+        return r.continue_()
+    page.route("**/*", route)
+    page.on("console", lambda m: m.type == "error" and problems.append(f"console error: {m.text}"))
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    page.on("requestfailed", lambda r: problems.append(f"failed request: {r.url}"))
+    page.on("response", lambda r: r.status >= 400 and problems.append(f"HTTP {r.status}: {r.url}"))
+    page.goto(url, wait_until="networkidle")
+    return page, problems
+
+
+def test_every_page_loads_cleanly(site, server, browser):
+    for html in sorted(site.glob("*.html")):
+        page, problems = _open(browser, server + html.name)
+        title = page.title()
+        page.close()
+        assert not problems, f"{html.name}: " + "; ".join(problems)
+        assert title, f"{html.name} has no title"
+
+
+def _check_math(page):
+    n_math = page.evaluate("document.querySelectorAll('span.math').length")
+    n_rendered = page.evaluate("document.querySelectorAll('span.math .katex').length")
+    n_errors = page.evaluate("document.querySelectorAll('.katex-error').length")
+    assert n_math > 0 and n_rendered == n_math and n_errors == 0, (n_math, n_rendered, n_errors)
+    # KaTeX draws with its own fonts; they must have loaded from the site
+    assert page.evaluate("document.fonts.check('16px KaTeX_Main')")
+    return n_math
+
+
+def test_index_renders_map_and_math(site, server, browser):
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page, problems = _open(browser, server + "index.html")
+    assert not problems
+    _check_math(page)
+    # the curriculum map: a table row for every chapter, ready ones linked to their pages
+    rows = page.evaluate("[...document.querySelectorAll('table tr')].map(r => r.innerText)")
+    for nb in NOTEBOOKS:
+        if nb.name != "index.ipynb":
+            assert any(nb.stem.split("_", 1)[1] in r.lower() or nb.stem[:2] in r for r in rows), nb.name
+    links = page.evaluate("[...document.querySelectorAll('main table a')].map(a => a.getAttribute('href'))")
+    assert CHAPTER in links
+    page.screenshot(path=str(ARTIFACTS / "index.png"), full_page=True)
+    page.close()
+
+
+def test_chapter_renders_math_figures_and_api(site, server, browser):
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page, problems = _open(browser, server + CHAPTER)
+    assert not problems
+    _check_math(page)
+    imgs = page.evaluate("[...document.querySelectorAll('main img')].map(i => [i.naturalWidth, i.naturalHeight])")
+    assert imgs and all(w > 100 and h > 100 for w, h in imgs), imgs
+    assert page.evaluate("document.querySelector('#seed_everything') !== null")
+    # the sidebar lists the pages in curriculum order
+    side = page.evaluate("[...document.querySelectorAll('#quarto-sidebar a')].map(a => a.getAttribute('href'))")
+    order = [h for h in side if h and h.endswith('.html')]
+    expected = [_page_name(ROOT / "nbs" / n) for n in _sidebar_notebooks()]
+    assert [h for h in order if h in expected] == expected
+    page.screenshot(path=str(ARTIFACTS / "chapter.png"), full_page=True)
+    page.close()
+
+
+def test_search_box_finds_body_text(site, server, browser):
+    page, problems = _open(browser, server + "index.html")
+    page.fill("#quarto-search input", "torn last line")
+    page.wait_for_selector(".search-result", timeout=10000)
+    hrefs = page.evaluate("[...document.querySelectorAll('.search-result')].map(a => a.getAttribute('href'))")
+    assert any(CHAPTER in h for h in hrefs), hrefs
+    assert not problems
+    page.close()

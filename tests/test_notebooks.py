@@ -1,0 +1,59 @@
+"""Every notebook executes top to bottom, as `nbdev-test` runs it: cells tagged with a flag in tst_flags
+(notest, slow, gpu) are skipped unless the flag is given (AR1_FLAGS, from scripts/test.sh --flags)."""
+import os
+import subprocess
+
+import pytest
+from conftest import ROOT, venv_bin
+
+NOTEBOOKS = sorted(p for p in (ROOT / "nbs").rglob("*.ipynb")
+                   if not any(part.startswith(("_", ".")) for part in p.relative_to(ROOT / "nbs").parts))
+
+
+def test_there_are_notebooks():
+    assert any(p.name == "index.ipynb" for p in NOTEBOOKS) and len(NOTEBOOKS) >= 2
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=[str(p.relative_to(ROOT / "nbs")) for p in NOTEBOOKS])
+def test_notebook_runs(nb):
+    flags = os.environ.get("AR1_FLAGS", "")
+    res = subprocess.run([venv_bin("nbdev-test"), str(nb), "--flags", flags], cwd=ROOT,
+                         capture_output=True, text=True, timeout=3600)
+    assert res.returncode == 0, f"{nb.name} failed under nbdev-test:\n{(res.stdout + res.stderr)[-6000:]}"
+
+
+def _toy_project(tmp_path, cells):
+    "A one-notebook nbdev project with the real pyproject.toml (so the real tst_flags apply)."
+    import json
+
+    (tmp_path / "nbs").mkdir()
+    (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    nb = {"cells": [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": c}
+                    for c in cells],
+          "metadata": {"kernelspec": {"display_name": "python3", "language": "python", "name": "python3"}},
+          "nbformat": 4, "nbformat_minor": 5}
+    path = tmp_path / "nbs" / "toy.ipynb"
+    path.write_text(json.dumps(nb))
+    return path
+
+
+def _nbdev_test(path, flags=""):
+    res = subprocess.run([venv_bin("nbdev-test"), str(path), "--flags", flags], cwd=path.parent.parent,
+                         capture_output=True, text=True, timeout=300)
+    return res.returncode, res.stdout + res.stderr
+
+
+def test_skip_flags_are_honoured(tmp_path):
+    nb = _toy_project(tmp_path, ["x = 1", "#| slow\nraise RuntimeError('the slow cell ran')",
+                                 "#| gpu\nraise RuntimeError('the gpu cell ran')"])
+    assert _nbdev_test(nb)[0] == 0
+    rc, out = _nbdev_test(nb, "slow")
+    assert rc != 0 and "the slow cell ran" in out
+    rc, out = _nbdev_test(nb, "gpu")
+    assert rc != 0 and "the gpu cell ran" in out
+
+
+def test_a_failing_cell_fails_the_notebook(tmp_path):
+    nb = _toy_project(tmp_path, ["x = 1", "assert x == 2, 'x is not 2'"])
+    rc, out = _nbdev_test(nb)
+    assert rc != 0 and "x is not 2" in out
