@@ -23,4 +23,15 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                         'agent_r1_tutorial.core.in_test': ('core.html#in_test', 'agent_r1_tutorial/core.py'),
                                         'agent_r1_tutorial.core.read_jsonl': ('core.html#read_jsonl', 'agent_r1_tutorial/core.py'),
                                         'agent_r1_tutorial.core.seed_everything': ( 'core.html#seed_everything',
-                                                                                    'agent_r1_tutorial/core.py')}}}
+                                                                                    'agent_r1_tutorial/core.py')},
+            'agent_r1_tutorial.tinylm': { 'agent_r1_tutorial.tinylm._phrase': ('tinylm.html#_phrase', 'agent_r1_tutorial/tinylm.py'),
+                                          'agent_r1_tutorial.tinylm._render': ('tinylm.html#_render', 'agent_r1_tutorial/tinylm.py'),
+                                          'agent_r1_tutorial.tinylm._template': ('tinylm.html#_template', 'agent_r1_tutorial/tinylm.py'),
+                                          'agent_r1_tutorial.tinylm.build_tiny_lm': ( 'tinylm.html#build_tiny_lm',
+                                                                                      'agent_r1_tutorial/tinylm.py'),
+                                          'agent_r1_tutorial.tinylm.n_params': ('tinylm.html#n_params', 'agent_r1_tutorial/tinylm.py'),
+                                          'agent_r1_tutorial.tinylm.tiny_qwen2': ('tinylm.html#tiny_qwen2', 'agent_r1_tutorial/tinylm.py'),
+                                          'agent_r1_tutorial.tinylm.toy_conversations': ( 'tinylm.html#toy_conversations',
+                                                                                          'agent_r1_tutorial/tinylm.py'),
+                                          'agent_r1_tutorial.tinylm.train_tokenizer': ( 'tinylm.html#train_tokenizer',
+                                                                                        'agent_r1_tutorial/tinylm.py')}}}

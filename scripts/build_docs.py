@@ -68,7 +68,10 @@ def process_notebooks() -> Path:
     if proc.exists():
         shutil.rmtree(proc)
     # show_doc's links come from the committed _modidx.py; the tests check it is what nbdev-export makes
-    proc_nbs(path=str(cfg.nbs_path), force=True)
+    try:
+        proc_nbs(path=str(cfg.nbs_path), force=True)
+    except Exception as e:  # nbdev runs show_doc and import cells; say which notebook and cell failed
+        raise BuildError(f"processing the notebooks failed: {str(e)[-2000:]}") from None
     return proc
 
 
