@@ -9,7 +9,6 @@ to 1e-5. Step-level GAE has no verl twin; it is compared with a slow loop-by-loo
 verl is imported only in this file (the library must run without it). Where the tutorial deliberately differs from
 verl, a test named `test_difference_*` pins the difference.
 """
-import ast
 import math
 from collections import defaultdict
 from pathlib import Path
@@ -360,16 +359,10 @@ def test_value_loss_matches_verl(dtype):
 
 
 def _verl_apply_kl_penalty():
-    """verl's own `apply_kl_penalty`, compiled from ray_trainer.py's source: importing that module needs packages
-    outside verl's CPU install (cachetools, uvicorn), but the function itself needs only torch and core_algos."""
-    import verl.trainer.ppo as ppo
+    "verl's own `apply_kl_penalty` (ray_trainer imports on CPU with the verl-core extra that the test set-up installs)."
+    from verl.trainer.ppo.ray_trainer import apply_kl_penalty
 
-    path = Path(ppo.__file__).parent / "ray_trainer.py"
-    tree = ast.parse(path.read_text())
-    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "apply_kl_penalty")
-    ns = {"torch": torch, "core_algos": verl_algos, "masked_mean": verl_F.masked_mean, "DataProto": object}
-    exec(compile(ast.Module(body=[fn], type_ignores=[]), str(path), "exec"), ns)
-    return ns["apply_kl_penalty"]
+    return apply_kl_penalty
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
