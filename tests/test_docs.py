@@ -164,7 +164,7 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # module scope: Playwright's event loop must not outlive these tests
 def browser():
     from find_chromium import find_chromium
     from playwright.sync_api import sync_playwright
