@@ -8,6 +8,8 @@
 #
 # ALGO is one of grpo, ppo, reinforce_pp, rloo, steppo. The first run sets up .venv (a minute or two);
 # later runs skip the set-up. Results go to runs/<time>-<scale>-<algo>-s<seed>/ (report.md, logs, checkpoints).
+# The full run checks the machine first (scripts/preflight.py), then builds the pinned GPU stack in .venv-gpu
+# (scripts/setup_gpu.sh); `--dry-run` does everything that needs no GPU. Full-scale options: --help.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/scripts/lib.sh"
 
@@ -22,8 +24,27 @@ for a in "$@"; do
 done
 scale=$("$py" "$AR1_ROOT/scripts/speedrun.py" --print-scale "$@") || exit $?
 
-# The tiny run needs the core environment; the full run's GPU environment lands with the verl chapter,
-# and until then its stages report themselves as not built from the core environment.
+dry=0
+for a in "$@"; do
+  case "$a" in --dry-run) dry=1 ;; esac
+done
+
+# The full run on a GPU box: preflight checks first (standard library only), then the pinned GPU environment
+# (.venv-gpu, separate from .venv), then the pipeline inside it.
+if [ "$scale" = full ] && [ "$dry" = 0 ]; then
+  "$py" "$AR1_ROOT/scripts/speedrun.py" --preflight-only "$@" || exit 1
+  bash "$AR1_ROOT/scripts/setup_gpu.sh"
+  cd "$AR1_ROOT"
+  exec "${AR1_GPU_VENV:-$AR1_ROOT/.venv-gpu}/bin/python" scripts/speedrun.py "$@"
+fi
+
+# The tiny run and the full dry run use the core environment. The dry run also validates verl's configuration,
+# so it needs verl's CPU build there (the [verl] extra; the dev profile already has it).
 bash "$AR1_ROOT/scripts/setup.sh" core
+if [ "$scale" = full ] && ! "$AR1_VENV/bin/python" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("verl") is None)'; then
+  ar1_say "installing verl's CPU build (agent_r1_tutorial[verl]) into $AR1_VENV for the dry run; the log is $AR1_VENV/setup.log"
+  "$AR1_VENV/bin/python" -m pip install --progress-bar off -e "$AR1_ROOT[verl]" >>"$AR1_VENV/setup.log" 2>&1 ||
+    { tail -n 20 "$AR1_VENV/setup.log" >&2; ar1_die "installing verl for the dry run failed; see $AR1_VENV/setup.log"; }
+fi
 cd "$AR1_ROOT"
 exec "$AR1_VENV/bin/python" scripts/speedrun.py "$@"

@@ -9,9 +9,12 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
+import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,12 +53,28 @@ def parser() -> argparse.ArgumentParser:
                     help="the RL algorithm (default: grpo)")
     ap.add_argument("--scale", choices=SCALES, default="auto",
                     help="tiny: the CPU speedrun; full: verl on NVIDIA GPUs; auto (default): full when this "
-                    "machine has NVIDIA GPUs, tiny otherwise")
+                    "machine has NVIDIA GPUs or with --dry-run, tiny otherwise")
     ap.add_argument("--dry-run", action="store_true",
                     help="do everything that needs no GPU and print what would run")
     ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     ap.add_argument("--out", default=str(ROOT / "runs"), help="where run folders go (default runs/)")
     ap.add_argument("--print-scale", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--preflight-only", action="store_true", help=argparse.SUPPRESS)
+    full = ap.add_argument_group("full scale (verl on NVIDIA GPUs); defaults as in agent_r1_tutorial.verl_bridge")
+    full.add_argument("--gpus", type=int, default=None, help="GPUs per node (default 4)")
+    full.add_argument("--nnodes", type=int, default=None, help="nodes (default 1); more than one needs --head")
+    full.add_argument("--head", default=None, metavar="ADDRESS", help="the Ray head node's IP address (multi-node)")
+    full.add_argument("--model", default=None, help="Hugging Face model id or local folder "
+                      "(default Qwen/Qwen2.5-1.5B-Instruct)")
+    full.add_argument("--batch-size", type=int, default=None, help="prompts per training step (default 128)")
+    full.add_argument("--mini-batch-size", type=int, default=None, help="prompts per optimizer step (default 64)")
+    full.add_argument("--micro-batch-size", type=int, default=None, help="sequences per GPU per pass (default 2)")
+    full.add_argument("--n-train", type=int, default=None, help="HotpotQA training questions (default 25600)")
+    full.add_argument("--n-val", type=int, default=None, help="HotpotQA validation questions (default 128)")
+    full.add_argument("--data-dir", default=str(ROOT / "data"),
+                      help="downloads, prepared data and the index, shared by runs (default data/)")
+    full.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                      help="any verl Hydra override, applied last (repeatable)")
     return ap
 
 
@@ -74,8 +93,18 @@ def resolve(args, ap) -> str:
     "The scale to run at, or a usage error that says why not."
     if args.seed < 0:
         ap.error(f"--seed must be a non-negative integer, got {args.seed}")
+    for opt in ("gpus", "nnodes", "batch_size", "mini_batch_size", "micro_batch_size", "n_train", "n_val"):
+        v = getattr(args, opt)
+        if v is not None and v < 1:
+            ap.error(f"--{opt.replace('_', '-')} must be a positive integer, got {v}")
+    if (args.nnodes or 1) > 1 and not args.head and not args.dry_run:
+        ap.error("--nnodes above 1 needs --head ADDRESS (the Ray head node's IP address)")
+    for o in args.override:
+        if "=" not in o:
+            ap.error(f"--override needs KEY=VALUE, got {o!r}")
     gpus = nvidia_gpus()
-    scale = args.scale if args.scale != "auto" else ("full" if gpus else "tiny")
+    # auto: the full pipeline where there are GPUs, and its dry run anywhere (the dry run exists for machines without)
+    scale = args.scale if args.scale != "auto" else ("full" if gpus or args.dry_run else "tiny")
     if scale == "full" and not gpus and not args.dry_run:
         ap.error("--scale full needs NVIDIA GPUs and nvidia-smi found none; use --dry-run to check the full "
                  "pipeline without GPUs, or --scale tiny for the CPU speedrun")
@@ -101,8 +130,14 @@ def run(args, scale: str) -> int:
             status = "NOT BUILT YET"
             missing.append(name)
         else:
-            fn(run_dir, args)
-            status = "done"
+            if scale == "full":
+                print(f"  -- {name}")  # the stage's own lines follow, then its status line
+            t0 = time.time()
+            status = fn(run_dir, args) or "done"  # a stage may say more than "done" (the full scale's dry run does)
+            if status == "NOT BUILT YET":
+                missing.append(name)
+            elif scale == "full":
+                status = f"{status} ({time.time() - t0:.1f} s)"
         rows.append((name, what, chapter, status))
         print(f"  {name:<10} {status:<14} {what}  [{chapter}]")
     lines = [f"# Speedrun report: {scale}, {args.algorithm}, seed {args.seed}", "",
@@ -112,6 +147,9 @@ def run(args, scale: str) -> int:
     if missing:
         lines += ["", f"**Not built yet: {', '.join(missing)}.** No model was trained and no metric was measured "
                   "by this run; the stages above land with the chapters named beside them."]
+    if scale == "full" and args.dry_run:
+        lines += ["", "**Dry run.** Nothing was trained. The stages ran as far as a machine without GPUs allows; "
+                  "`verl_config.yaml` and `launch.sh` in this folder are what a GPU run would use."]
     lines += ["", "## Machine and versions", "", env_report_md(report), ""]
     (run_dir / "report.md").write_text("\n".join(lines))
     print(f"report card: {run_dir / 'report.md'}")
@@ -121,6 +159,193 @@ def run(args, scale: str) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- the full scale (chapter 12 · verl at scale)
+# Each stage takes (run_dir, args) and returns its status. The library is imported inside the stages: the first call
+# of this script (speedrun.sh's input check) runs before any environment exists, with the standard library only.
+
+
+def _say(msg: str):
+    for line in str(msg).splitlines():
+        print(f"             {line}")
+
+
+def full_preflight(run_dir, args, gate: bool = False) -> str:
+    "GPUs, driver, disk and Python; on a GPU run a failure stops everything, in the dry run it is reported."
+    import preflight
+
+    # the gate runs before .venv-gpu exists: check the interpreter it will be built from
+    python_exe = (os.environ.get("PYTHON") or "python3") if gate else sys.executable
+    report = preflight.run_checks(n_gpus=args.gpus or 4, disk_path=args.data_dir, allow_no_gpu=args.dry_run,
+                                  python_exe=python_exe)
+    _say(preflight.format_report(report))
+    if run_dir is not None:
+        from dataclasses import asdict
+
+        (Path(run_dir) / "preflight.json").write_text(json.dumps(asdict(report), indent=1))
+    if not report.ok:
+        if args.dry_run:
+            return f"{len(report.errors)} problem(s)"
+        if gate:
+            print("error: preflight checks failed (above); nothing was set up", file=sys.stderr)
+            return "FAILED"
+        raise SystemExit("error: preflight checks failed (above)")
+    return "ok" if "gpus" in report.info else "no GPU (dry run)"
+
+
+def full_env(run_dir, args) -> str:
+    "The pinned GPU stack: speedrun.sh builds .venv-gpu before this script runs there; the dry run says what it would do."
+    from importlib import metadata
+
+    if args.dry_run:
+        _say("would run: bash scripts/setup_gpu.sh  (pins: scripts/gpu/requirements-cu12.txt, or -cu13 for a "
+             "driver >= 580; resolved set: scripts/gpu/constraints-*.txt)")
+        return "not built (dry run)"
+    versions = {}
+    for pkg in ("verl", "vllm", "torch", "transformers", "faiss-gpu", "ray"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    _say(", ".join(f"{k} {v}" for k, v in versions.items()))
+    if versions["verl"] is None or versions["vllm"] is None:
+        raise SystemExit("error: verl and vLLM are not installed here: run through `bash speedrun.sh`, which builds "
+                         ".venv-gpu with scripts/setup_gpu.sh")
+    return "ok"
+
+
+def _index_dir(run_dir, args) -> Path:
+    return Path(run_dir) / "index" if args.dry_run else Path(args.data_dir) / "index-bge-large-en-v1.5"
+
+
+def full_data(run_dir, args) -> str:
+    "HotpotQA, downloaded once and sampled with the seed into verl parquet rows (a local sample in the dry run)."
+    from agent_r1_tutorial import verl_bridge as vb
+
+    out = Path(run_dir) / "data"
+    if args.dry_run:
+        train, dev = vb.hotpotqa_toy_sample(64, seed=0), vb.hotpotqa_toy_sample(16, seed=1)
+        source = "local sample in HotpotQA's format (no download in a dry run)"
+        n_train, n_val = args.n_train or 32, args.n_val or 8
+    else:
+        raw = vb.download_hotpotqa(Path(args.data_dir) / "raw")
+        train, dev = vb.load_hotpotqa(raw["train"]), vb.load_hotpotqa(raw["dev"])
+        source = "HotpotQA v1.1 (train, dev distractor)"
+        n_train, n_val = args.n_train or 25_600, args.n_val or 128
+    paths = vb.prepare_hotpotqa(out, train, dev, n_train=n_train, n_val=n_val, seed=args.seed, source=source,
+                                search_index_dir=str(_index_dir(run_dir, args)))
+    _say(f"{n_train} training and {n_val} validation rows from {source}: {paths['train'].parent}")
+    return "done (sample)" if args.dry_run else "done"
+
+
+def full_index(run_dir, args) -> str:
+    "The retrieval index: BEIR's HotpotQA corpus with bge-large on the GPU (cached); MiniLM on a few passages when dry."
+    from agent_r1_tutorial import verl_bridge as vb
+
+    out = _index_dir(run_dir, args)
+    if args.dry_run:
+        passages = vb.hotpotqa_passages(vb.hotpotqa_toy_sample(64, seed=0) + vb.hotpotqa_toy_sample(16, seed=1))
+        vb.build_corpus_index(passages, out, encoder="all-MiniLM-L6-v2", device="cpu", progress=False)
+        _say(f"{len(passages)} passages with all-MiniLM-L6-v2 in a flat FAISS index: {out}\n"
+             "(full scale: ~5.2M BEIR passages with BAAI/bge-large-en-v1.5 on the GPU)")
+        return "done (small)"
+    corpus = vb.download(vb.BEIR_HOTPOTQA_URL, Path(args.data_dir) / "raw" / "beir-hotpotqa.zip")
+    vb.build_corpus_index(vb.beir_corpus(corpus), out, encoder="BAAI/bge-large-en-v1.5", device="cuda",
+                          batch_size=256)
+    _say(f"index: {out}")
+    return "done"
+
+
+def _run_config(run_dir, args):
+    from agent_r1_tutorial import verl_bridge as vb
+
+    data = Path(run_dir) / "data"
+    knobs = dict(algorithm=args.algorithm, train_files=str(data / "train.parquet"),
+                 val_files=str(data / "validation.parquet"), checkpoint_dir=str(Path(run_dir) / "checkpoints"),
+                 seed=args.seed, experiment_name=Path(run_dir).name, extra_overrides=tuple(args.override))
+    for opt, key in (("gpus", "n_gpus_per_node"), ("nnodes", "nnodes"), ("model", "model_path"),
+                     ("batch_size", "train_batch_size"), ("mini_batch_size", "ppo_mini_batch_size"),
+                     ("micro_batch_size", "micro_batch_size_per_gpu")):
+        if getattr(args, opt) is not None:
+            knobs[key] = getattr(args, opt)
+    try:
+        return vb.VerlRunConfig(**knobs)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+def full_train(run_dir, args) -> str:
+    "Compose and validate verl's configuration, write it and the launch command; on GPUs, launch."
+    from agent_r1_tutorial import verl_bridge as vb
+
+    run_dir = Path(run_dir)
+    run = _run_config(run_dir, args)
+    cfg = vb.compose_verl_config(vb.verl_overrides(run))
+    stand_in = None
+    if args.dry_run and not Path(run.model_path).expanduser().is_dir():
+        from agent_r1_tutorial.tinylm import build_tiny_lm
+
+        import contextlib
+        import io
+
+        stand_in = run_dir / "stand-in-model"  # the model sections load a config and a tokenizer from disk
+        tok, model = build_tiny_lm()
+        with contextlib.redirect_stderr(io.StringIO()):  # no progress bar for a 4 MB model
+            tok.save_pretrained(stand_in)
+            model.save_pretrained(stand_in)
+    try:
+        check = vb.validate_verl_config(cfg, model_path=str(stand_in) if stand_in else None)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+    from omegaconf import OmegaConf
+
+    (run_dir / "verl_config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    (run_dir / "validation.json").write_text(json.dumps(check, indent=1))
+    cmds = vb.launch_commands(run, head_address=args.head)
+    script = ["#!/usr/bin/env bash", f"# {args.algorithm}: generated by speedrun.py from agent_r1_tutorial.verl_bridge",
+              "set -euo pipefail", f"cd {shlex.quote(str(ROOT))}"]
+    for step, cmd in cmds.items():
+        script += ["", f"# {step}", cmd]
+    (run_dir / "launch.sh").write_text("\n".join(script) + "\n")
+    _say(f"verl configuration: {run.algorithm} -> algorithm.adv_estimator={check['adv_estimator']}, "
+         f"loss_mode={check['policy_loss']}, critic={check['use_critic']}, "
+         f"reference={check['use_reference_policy']}, n={run.responses_per_prompt}")
+    _say("validated with verl: validate_config + " + ", ".join(check["sections"]))
+    if stand_in:
+        _say(f"model sections checked with a local stand-in for {run.model_path} (verl loads the real one at launch)")
+    _say("not converted: " + "; ".join(check["skipped"]))
+    print("  launch command" + ("s" if len(cmds) > 1 else "") + f" ({run_dir / 'launch.sh'}):")
+    for step, cmd in cmds.items():
+        print(("  # " + step + "\n" if len(cmds) > 1 else "") + "  " + cmd.replace("\n", "\n  "))
+    if args.dry_run:
+        return "validated; not launched (needs GPUs)"
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
+    if vb.AGENT_NAME not in _agent_loop_registry and not run.agent_loop_config_path:
+        _say(f"the data rows ask for the agent loop '{vb.AGENT_NAME}', which lands with the rollout chapter")
+        return "NOT BUILT YET"
+    if len(cmds) > 1:
+        _say("multi-node: start the head, join each worker node, then submit (launch.sh holds the three steps)")
+        return "commands written"
+    log = run_dir / "train.log"
+    with open(log, "w") as f:
+        proc = subprocess.run(["bash", str(run_dir / "launch.sh")], stdout=f, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        raise SystemExit(f"error: training failed (exit {proc.returncode}); the log is {log}")
+    return "done"
+
+
+def full_eval(run_dir, args) -> str:
+    "EM and F1 on the HotpotQA dev sample from the merged checkpoint: needs the trained model (GPU)."
+    if args.dry_run:
+        _say("needs a trained checkpoint: merged to Hugging Face format, served by vLLM, scored with compute_score")
+        return "needs GPUs"
+    return "NOT BUILT YET"
+
+
+BUILT.update({"full/preflight": full_preflight, "full/env": full_env, "full/data": full_data,
+              "full/index": full_index, "full/train": full_train, "full/eval": full_eval})
+
+
 def main(argv=None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
@@ -128,6 +353,8 @@ def main(argv=None) -> int:
     if args.print_scale:
         print(scale)
         return 0
+    if args.preflight_only:  # speedrun.sh, before the GPU environment exists (standard library only)
+        return 0 if full_preflight(None, args, gate=True) != "FAILED" else 1
     return run(args, scale)
 
 
