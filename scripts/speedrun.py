@@ -150,6 +150,13 @@ def run(args, scale: str) -> int:
     if scale == "full" and args.dry_run:
         lines += ["", "**Dry run.** Nothing was trained. The stages ran as far as a machine without GPUs allows; "
                   "`verl_config.yaml` and `launch.sh` in this folder are what a GPU run would use."]
+        if (run_dir / "agent_loop.json").exists():  # the train stage's agent-loop episodes on the tiny model
+            lines += ["", "## Agent loop (dry run)", "", "| policy | layout | outputs | turns | tool calls | "
+                      "response tokens | ended | reward score | ids and masks |", "|---|---|---|---|---|---|---|---|---|"]
+            for who, r in json.loads((run_dir / "agent_loop.json").read_text()).items():
+                lines.append(f"| {who} | {r['layout']} | {r['outputs']} | {r['turns']} | {r['tool_calls']} | "
+                             f"{r['response_tokens']} | {r['end_reason']} | {r['reward_score']} | "
+                             f"{'ok' if r['ids_and_masks_ok'] else 'WRONG'} |")
     lines += ["", "## Machine and versions", "", env_report_md(report), ""]
     (run_dir / "report.md").write_text("\n".join(lines))
     print(f"report card: {run_dir / 'report.md'}")
@@ -280,18 +287,19 @@ def full_train(run_dir, args) -> str:
     run_dir = Path(run_dir)
     run = _run_config(run_dir, args)
     cfg = vb.compose_verl_config(vb.verl_overrides(run))
-    stand_in = None
-    if args.dry_run and not Path(run.model_path).expanduser().is_dir():
+    stand_in = tiny = None
+    if args.dry_run:
         from agent_r1_tutorial.tinylm import build_tiny_lm
 
+        tiny = build_tiny_lm()  # the policy of the dry run's agent-loop episode
+    if args.dry_run and not Path(run.model_path).expanduser().is_dir():
         import contextlib
         import io
 
         stand_in = run_dir / "stand-in-model"  # the model sections load a config and a tokenizer from disk
-        tok, model = build_tiny_lm()
         with contextlib.redirect_stderr(io.StringIO()):  # no progress bar for a 4 MB model
-            tok.save_pretrained(stand_in)
-            model.save_pretrained(stand_in)
+            tiny[0].save_pretrained(stand_in)
+            tiny[1].save_pretrained(stand_in)
     try:
         check = vb.validate_verl_config(cfg, model_path=str(stand_in) if stand_in else None)
     except ValueError as e:
@@ -313,16 +321,14 @@ def full_train(run_dir, args) -> str:
     if stand_in:
         _say(f"model sections checked with a local stand-in for {run.model_path} (verl loads the real one at launch)")
     _say("not converted: " + "; ".join(check["skipped"]))
+    _say(f"agent loop: {check['agent_loop']}")
+    if args.dry_run:
+        _dry_run_agent_loop(run_dir, cfg, *tiny)
     print("  launch command" + ("s" if len(cmds) > 1 else "") + f" ({run_dir / 'launch.sh'}):")
     for step, cmd in cmds.items():
         print(("  # " + step + "\n" if len(cmds) > 1 else "") + "  " + cmd.replace("\n", "\n  "))
     if args.dry_run:
-        return "validated; not launched (needs GPUs)"
-    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
-
-    if vb.AGENT_NAME not in _agent_loop_registry and not run.agent_loop_config_path:
-        _say(f"the data rows ask for the agent loop '{vb.AGENT_NAME}', which lands with the rollout chapter")
-        return "NOT BUILT YET"
+        return "validated; agent loop ran on CPU; not launched (needs GPUs)"
     if len(cmds) > 1:
         _say("multi-node: start the head, join each worker node, then submit (launch.sh holds the three steps)")
         return "commands written"
@@ -332,6 +338,36 @@ def full_train(run_dir, args) -> str:
     if proc.returncode != 0:
         raise SystemExit(f"error: training failed (exit {proc.returncode}); the log is {log}")
     return "done"
+
+
+def _scripted_searcher(row: dict):
+    "A fixed policy for the dry run: search for the row's question, then answer with its gold answer."
+    question, answer = row["extra_info"]["question"], row["reward_model"]["ground_truth"]
+
+    def policy(context: str) -> str:
+        if "<tool_response>" not in context:
+            return ('<tool_call>\n{"name": "search", "arguments": {"query": ' + json.dumps(question)
+                    + '}}\n</tool_call>')
+        return f"<answer>{answer}</answer>"
+    return policy
+
+
+def _dry_run_agent_loop(run_dir, cfg, tokenizer, model):
+    "One episode of our agent loop, built as verl's worker builds it, on the tiny model; one scripted, with a search."
+    from agent_r1_tutorial import verl_bridge as vb
+
+    row = vb.read_rows(Path(run_dir) / "data" / "train.parquet")[0]
+    results = {"tiny model": vb.agent_loop_dry_run(cfg, row, tokenizer, model, response_length=128),
+               "scripted searcher": vb.agent_loop_dry_run(cfg, row, tokenizer, policy=_scripted_searcher(row),
+                                                          response_length=1024)}
+    (Path(run_dir) / "agent_loop.json").write_text(json.dumps(results, indent=1))
+    for who, r in results.items():
+        score = "scored by verl's reward loop" if r["reward_score"] is None else f"reward {r['reward_score']:g}"
+        _say(f"episode ({who}): {r['turns']} turn(s), {r['tool_calls']} tool call(s), {r['outputs']} output(s) "
+             f"({r['layout']} layout), {r['response_tokens']} response tokens ({r['sampled_tokens']} sampled), "
+             f"ended: {r['end_reason']}, {score}, ids and masks {'ok' if r['ids_and_masks_ok'] else 'WRONG'}")
+        if not r["ids_and_masks_ok"]:
+            raise SystemExit(f"error: the agent loop's ids and masks are inconsistent ({who}); see agent_loop.json")
 
 
 def full_eval(run_dir, args) -> str:

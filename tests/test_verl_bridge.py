@@ -273,11 +273,12 @@ def test_patch_passes_verls_names_through_and_checks_inputs(patched):
 @needs_verl
 def test_env_var_registers_in_a_fresh_process():
     probe = ("import verl.trainer.ppo.core_algos as c, verl.trainer.ppo.v1.utils as u; "
+             "from verl.experimental.agent_loop.agent_loop import _agent_loop_registry as r; import hydra; "
              "print(c.get_adv_estimator_fn('ar1_grpo').__name__, hasattr(u.compute_advantage_for_multi_trajectories, "
-             "'__ar1_original__'))")
+             "'__ar1_original__'), hydra.utils.get_class(r['ar1_agent']['_target_']).__qualname__)")
     code, out, err = _run([sys.executable, "-c", probe], env={vb.EXTERNAL_MODULES_ENV: vb.MODULE_NAME})
     assert code == 0, err
-    assert out.split()[-2:] == ["ar1_grpo", "True"]
+    assert out.split()[-3:] == ["ar1_grpo", "True", "Ar1AgentLoop"]  # the agent loop too, in every verl process
     code, out, err = _run([sys.executable, "-c", "import verl.trainer.ppo.core_algos as c; "
                            "print('ar1_grpo' in c.ADV_ESTIMATOR_REGISTRY)"], env={vb.EXTERNAL_MODULES_ENV: ""})
     assert code == 0 and out.split()[-1] == "False", "without the variable nothing registers"
@@ -764,7 +765,13 @@ def test_dry_run_in_process(algo, tmp_path, capsys):
     assert rows[0]["extra_info"]["tools_kwargs"]["search"]["create_kwargs"]["index_dir"] == str(run_dir / "index")
     assert (run_dir / "index" / "config.json").exists()
     report = (run_dir / "report.md").read_text()
-    assert "validated; not launched (needs GPUs)" in report and "**Dry run.**" in report
+    assert "validated; agent loop ran on CPU; not launched (needs GPUs)" in report and "**Dry run.**" in report
+    # the train stage built our agent loop as verl does and played episodes on the tiny model against the index
+    episodes = json.loads((run_dir / "agent_loop.json").read_text())
+    assert set(episodes) == {"tiny model", "scripted searcher"}
+    assert all(e["ids_and_masks_ok"] and e["layout"] == r.layout for e in episodes.values())
+    assert episodes["scripted searcher"]["tool_calls"] == 1 and "## Agent loop (dry run)" in report
+    assert f"agent loop: ar1_agent -> agent_r1_tutorial.verl_bridge.Ar1AgentLoop (layout: {r.layout})" in out
 
 
 @needs_verl
