@@ -66,11 +66,12 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
-# %% ../nbs/00a_tinylm.ipynb #566bde6d
+# %% ../nbs/00a_tinylm.ipynb #e6601d6b
 def train_tokenizer(
     texts: Iterable[str],  # the training text; rendered conversations work best
     vocab_size: int = 1024,  # the largest vocabulary, bytes and added tokens included (less if the text runs out of pairs)
     min_frequency: int = 2,  # a pair must occur this often to be merged
+    isolate_spaces: bool = False,  # make every space its own token, so a word has the same tokens everywhere
 ) -> PreTrainedTokenizerFast:
     "Train a byte-level BPE tokenizer with Qwen's chat markup and chat template, entirely offline."
     n_fixed = 256 + len(SPECIAL_TOKENS) + len(TAG_TOKENS)
@@ -81,7 +82,11 @@ def train_tokenizer(
     if not texts:
         raise ValueError("texts is empty: a tokenizer needs some text to learn merges from")
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # GPT-2-style splitting glues a space to the word after it (" Bamro" and "Bamro" are different tokens);
+    # splitting spaces off first keeps a word's tokens the same after a space, a quote or a tag
+    tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Split(" ", "isolated"), byte_level])
+                         if isolate_spaces else byte_level)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size - len(TAG_TOKENS),  # the tag tokens are added after training, below

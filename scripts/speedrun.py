@@ -20,13 +20,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 ALGORITHMS = ("grpo", "ppo", "reinforce_pp", "rloo", "steppo")
 SCALES = ("auto", "tiny", "full")
+TASKS = ("search", "arith")
+RETRIEVERS = ("dense", "bm25")
+PRESETS = ("tiny", "ci")
 
 # The pipeline, stage by stage, with the chapter that builds each. `None` means not built yet.
 STAGES = {
     "tiny": [
         ("data", "build the tokenizer and the generated worlds (train and held-out)", "11 · The tiny speedrun"),
         ("sft", "SFT warm start on scripted expert trajectories, loss masked to the agent's tokens", "11 · The tiny speedrun"),
-        ("rl", "RL with the reference trainer (the chosen algorithm)", "10 · The trainer"),
+        ("rl", "RL with the reference trainer (the chosen algorithm)", "11 · The tiny speedrun"),
         ("eval", "evaluation on held-out worlds, baselines beside it", "11 · The tiny speedrun"),
     ],
     "full": [
@@ -60,6 +63,17 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", default=str(ROOT / "runs"), help="where run folders go (default runs/)")
     ap.add_argument("--print-scale", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--preflight-only", action="store_true", help=argparse.SUPPRESS)
+    tiny = ap.add_argument_group("tiny scale (the CPU speedrun); defaults as in agent_r1_tutorial.speedrun")
+    tiny.add_argument("--task", choices=TASKS, default="search",
+                      help="search: questions about generated worlds, one and two hops (default); arith: word "
+                      "problems with a calculator")
+    tiny.add_argument("--retriever", choices=RETRIEVERS, default="dense",
+                      help="dense: FAISS over all-MiniLM-L6-v2 embeddings (default); bm25")
+    tiny.add_argument("--preset", choices=PRESETS, default="tiny",
+                      help="tiny: the full CPU run (default); ci: a seconds-long smoke run")
+    tiny.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    tiny.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="tiny_set",
+                      help="any SpeedrunConfig field, e.g. --set rl_steps=50 --set sft_hops=1 (repeatable)")
     full = ap.add_argument_group("full scale (verl on NVIDIA GPUs); defaults as in agent_r1_tutorial.verl_bridge")
     full.add_argument("--gpus", type=int, default=None, help="GPUs per node (default 4)")
     full.add_argument("--nnodes", type=int, default=None, help="nodes (default 1); more than one needs --head")
@@ -102,6 +116,11 @@ def resolve(args, ap) -> str:
     for o in args.override:
         if "=" not in o:
             ap.error(f"--override needs KEY=VALUE, got {o!r}")
+    for o in args.tiny_set:
+        if "=" not in o or not o.split("=", 1)[0]:
+            ap.error(f"--set needs KEY=VALUE, got {o!r}")
+    if args.threads is not None and args.threads < 1:
+        ap.error(f"--threads must be a positive integer, got {args.threads}")
     gpus = nvidia_gpus()
     # auto: the full pipeline where there are GPUs, and its dry run anywhere (the dry run exists for machines without)
     scale = args.scale if args.scale != "auto" else ("full" if gpus or args.dry_run else "tiny")
@@ -117,8 +136,13 @@ def run(args, scale: str) -> int:
 
     seed_everything(args.seed)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    run_dir = Path(args.out) / f"{stamp}-{scale}-{args.algorithm}-s{args.seed}{'-dry' if args.dry_run else ''}"
-    run_dir.mkdir(parents=True, exist_ok=False)
+    if scale == "tiny":
+        tiny_config(args)  # a bad --set stops here, before any folder is made
+        run_dir = tiny_run_dir(args)
+        run_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        run_dir = Path(args.out) / f"{stamp}-{scale}-{args.algorithm}-s{args.seed}{'-dry' if args.dry_run else ''}"
+        run_dir.mkdir(parents=True, exist_ok=False)
     report = env_report()
     (run_dir / "env.json").write_text(json.dumps(report, indent=1))
     print(f"speedrun: scale={scale} algorithm={args.algorithm} seed={args.seed}"
@@ -130,8 +154,7 @@ def run(args, scale: str) -> int:
             status = "NOT BUILT YET"
             missing.append(name)
         else:
-            if scale == "full":
-                print(f"  -- {name}")  # the stage's own lines follow, then its status line
+            print(f"  -- {name}", flush=True)  # the stage's own lines (and progress bars) follow, then its status line
             t0 = time.time()
             status = fn(run_dir, args) or "done"  # a stage may say more than "done" (the full scale's dry run does)
             if status == "NOT BUILT YET":
@@ -158,12 +181,82 @@ def run(args, scale: str) -> int:
                              f"{r['response_tokens']} | {r['end_reason']} | {r['reward_score']} | "
                              f"{'ok' if r['ids_and_masks_ok'] else 'WRONG'} |")
     lines += ["", "## Machine and versions", "", env_report_md(report), ""]
-    (run_dir / "report.md").write_text("\n".join(lines))
+    if scale == "tiny" and not missing and (run_dir / "report.md").exists():
+        pass  # the library wrote the report card (agent_r1_tutorial.speedrun.write_report)
+    else:
+        (run_dir / "report.md").write_text("\n".join(lines))
     print(f"report card: {run_dir / 'report.md'}")
     if missing:
         print(f"not built yet: {', '.join(missing)}. Nothing was trained; the stages above are listed with the "
               "chapters that build them.")
     return 0
+
+
+# ---------------------------------------------------------------- the tiny scale (chapter 11 · the tiny speedrun)
+
+
+def tiny_run_dir(args) -> Path:
+    "runs/tiny-<task>-<algo>-s<seed>[-<preset>]: an unfinished run there is resumed, a finished one kept (-2, -3, ...)."
+    base = Path(args.out) / (f"tiny-{args.task}-{args.algorithm}-s{args.seed}"
+                             + ("" if args.preset == "tiny" else f"-{args.preset}"))
+    d, n = base, 1
+    while (d / ".eval.done").exists():
+        n += 1
+        d = base.with_name(f"{base.name}-{n}")
+    return d
+
+
+def _parse_value(v: str):
+    "A --set value: JSON where it parses (numbers, true, lists), comma lists of ints as tuples, else the string."
+    try:
+        return json.loads(v)
+    except json.JSONDecodeError:
+        parts = v.split(",")
+        if all(p.strip().lstrip("-").isdigit() for p in parts):
+            return tuple(int(p) for p in parts)
+        return v
+
+
+def tiny_config(args):
+    from agent_r1_tutorial.speedrun import SpeedrunConfig
+
+    overrides = {k: _parse_value(v) for k, v in (o.split("=", 1) for o in args.tiny_set)}
+    for k in ("sft_hops", "rl_hops", "world_size"):
+        if isinstance(overrides.get(k), int):
+            overrides[k] = (overrides[k],)
+    try:
+        return SpeedrunConfig.preset(args.preset, task=args.task, algorithm=args.algorithm, seed=args.seed,
+                                     retriever=args.retriever, threads=args.threads, **overrides)
+    except (ValueError, TypeError) as e:
+        raise SystemExit(f"error: {e}")
+
+
+def tiny_stage(name: str):
+    def stage(run_dir, args) -> str:
+        from transformers.utils import logging as hf_logging
+
+        from agent_r1_tutorial.speedrun import run_speedrun
+
+        hf_logging.disable_progress_bar()  # the stages draw their own bars; no "Writing model shards" ones
+        cfg = tiny_config(args)
+        if name == "data" and (Path(run_dir) / "config.json").exists():
+            print(f"  resuming the unfinished run in {run_dir}")
+        try:
+            evals = run_speedrun(cfg, run_dir, stages=[name])
+        except ValueError as e:
+            raise SystemExit(f"error: {e}")
+        times = json.loads((Path(run_dir) / "stages.json").read_text())
+        took = f"({times.get(name, 0):.0f} s)"
+        key = {"sft": "sft", "eval": "final"}.get(name)
+        if key and key in evals:
+            e = evals[key]
+            ems = ", ".join(f"{k[3:]} {v:.2f}" for k, v in e.items() if k.startswith("em/") and k != "em/all")
+            return f"done {took}: held-out EM {ems}"
+        return f"done {took}"
+    return stage
+
+
+BUILT.update({f"tiny/{n}": tiny_stage(n) for n in ("data", "sft", "rl", "eval")})
 
 
 # ---------------------------------------------------------------- the full scale (chapter 12 · verl at scale)

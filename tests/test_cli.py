@@ -74,15 +74,43 @@ def test_setup_rejects_unknown_profile():
     assert code == 2 and "unknown argument 'gpu-please'" in err
 
 
-def test_speedrun_runs_what_exists_and_says_what_does_not(tmp_path):
-    code, out, err = run(["speedrun.sh", "--out", str(tmp_path)], timeout=1800)
+@pytest.mark.parametrize("args, msg", [
+    (["--task", "chess"], "invalid choice: 'chess' (choose from 'search', 'arith')"),
+    (["--retriever", "google"], "invalid choice: 'google'"),
+    (["--preset", "huge"], "invalid choice: 'huge'"),
+    (["--threads", "0"], "--threads must be a positive integer"),
+    (["--set", "rl_steps"], "--set needs KEY=VALUE"),
+])
+def test_speedrun_rejects_bad_tiny_options(args, msg):
+    code, out, err = run(["speedrun.sh", "--scale", "tiny", *args])
+    assert code == 2 and msg in err, (code, out, err)
+
+
+def test_speedrun_names_an_unknown_config_field(tmp_path):
+    code, out, err = run(["speedrun.sh", "--scale", "tiny", "--out", str(tmp_path), "--set", "learning_rate=1"])
+    assert code == 1 and "unknown option(s) ['learning_rate']" in err and "rl_lr" in err, err
+    code, out, err = run(["speedrun.sh", "--scale", "tiny", "--out", str(tmp_path), "--set", "sft_hops=3"])
+    assert code == 1 and "sft_hops must be a non-empty selection of 1 and 2" in err, err
+    assert not any(tmp_path.iterdir()), "no run folder for a run that never started"
+
+
+def test_speedrun_tiny_end_to_end(tmp_path):
+    "The CI preset of the real pipeline through the README command: every stage, the report card, reloadable models."
+    code, out, err = run(["speedrun.sh", "--preset", "ci", "--out", str(tmp_path)], timeout=1800)
     assert code == 0, out + err
     (run_dir,) = tmp_path.iterdir()
+    assert run_dir.name == "tiny-search-grpo-s0-ci"
+    for stage in ("data", "sft", "rl", "eval"):
+        assert f"  {stage} " in out and (run_dir / f".{stage}.done").exists(), (stage, out)
     report = (run_dir / "report.md").read_text()
-    assert "tiny" in run_dir.name and "grpo" in run_dir.name
-    assert "## Machine and versions" in report and "torch" in report
-    # every stage is either done or plainly marked as not built, in the report and on the console
-    stages = [l for l in report.splitlines() if l.startswith("| ") and not l.startswith("| stage")][:4]
-    assert stages and all(("| done |" in l) or ("| NOT BUILT YET |" in l) for l in stages), stages
-    if "NOT BUILT YET" in report:
-        assert "not built yet" in out and "Nothing was trained" in out
+    for row in ("no-tool baseline", "SFT only", "SFT + grpo", "## Wall time per stage", "## Machine and versions",
+                "agent tokens/s", "plots/rl.png"):
+        assert row in report, row
+    for f in ("plots/sft.png", "plots/rl.png", "episodes.jsonl", "rl/metrics.jsonl", "final_model/config.json"):
+        assert (run_dir / f).exists(), f
+    assert "NOT BUILT YET" not in out
+    # a finished run is kept: the same command starts a new folder beside it
+    code, out, err = run(["speedrun.sh", "--preset", "ci", "--out", str(tmp_path), "--set", "rl_steps=1"],
+                         timeout=1800)
+    assert code == 0, out + err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny-search-grpo-s0-ci", "tiny-search-grpo-s0-ci-2"]
