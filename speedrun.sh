@@ -7,7 +7,8 @@
 #   bash speedrun.sh --help           every option
 #
 # ALGO is one of grpo, ppo, reinforce_pp, rloo, steppo. The first run sets up .venv (a minute or two);
-# later runs skip the set-up. Results go to runs/<time>-<scale>-<algo>-s<seed>/ (report.md, logs, checkpoints).
+# later runs skip the set-up. Results go to runs/ (report.md, logs, checkpoints): tiny runs to
+# runs/tiny-<task>-<algo>-s<seed>/, resumed when started again; full runs to runs/<time>-full-<algo>-s<seed>/.
 # The full run checks the machine first (scripts/preflight.py), then builds the pinned GPU stack in .venv-gpu
 # (scripts/setup_gpu.sh); `--dry-run` does everything that needs no GPU. Full-scale options: --help.
 set -euo pipefail

@@ -30,11 +30,12 @@ from .trainer import ALGORITHMS, Trainer, TrainerConfig, latest_checkpoint
 
 # %% auto #0
 __all__ = ['ORG_SUFFIXES', 'ONE_HOP', 'TWO_HOP', 'TASKS', 'RETRIEVERS', 'STAGE_NAMES', 'World', 'make_world', 'make_questions',
-           'Split', 'make_split', 'CachedEncoder', 'NoSearch', 'search_reward', 'WorldSearch', 'parse_question',
-           'search_call', 'search_expert', 'play', 'make_arith_tasks', 'arith_reward', 'arith_env', 'arith_expert',
-           'SpeedrunConfig', 'Suite', 'build_suite', 'expert_trajectories', 'build_tokenizer', 'sft_loss',
-           'pretrain_batches', 'sft_batches', 'train_lm', 'episode_record', 'evaluate_agent', 'rl_trainer_config',
-           'run_speedrun', 'plot_run', 'write_report', 'episode_html', 'trajectory_browser']
+           'Split', 'make_split', 'CachedEncoder', 'NoSearch', 'search_reward', 'WorldSearchTool', 'WorldSearch',
+           'parse_question', 'search_call', 'search_expert', 'play', 'make_arith_tasks', 'arith_reward', 'arith_env',
+           'arith_expert', 'SpeedrunConfig', 'Suite', 'build_suite', 'expert_trajectories', 'build_tokenizer',
+           'sft_loss', 'pretrain_batches', 'sft_batches', 'train_lm', 'episode_record', 'evaluate_agent',
+           'rl_trainer_config', 'run_speedrun', 'plot_run', 'write_report', 'episode_html', 'trajectory_browser',
+           'fresh_world', 'ask']
 
 # %% ../nbs/11_speedrun.ipynb #42b22e8f
 _CONSONANTS, _VOWELS = "bdfgklmnprstvz", "aeiou"
@@ -180,7 +181,7 @@ def make_split(
             tasks += make_questions(w, rng, per_world, h, world_id=i)
     return Split(worlds, tasks)
 
-# %% ../nbs/11_speedrun.ipynb #5363e876
+# %% ../nbs/11_speedrun.ipynb #bf089519
 class CachedEncoder:
     "A sentence encoder that remembers query embeddings (a small world's names are searched again and again)."
 
@@ -212,6 +213,12 @@ def search_reward(answer: str | None, task: dict) -> float:
     return exact_match(answer, task["answer"]) if answer is not None else 0.0
 
 
+class WorldSearchTool(SearchTool):
+    "`SearchTool` with a one-line schema: the tool list is in every context, and on a CPU every token costs."
+    description = "Search the passages."
+    parameters = {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}
+
+
 class WorldSearch:
     "Builds the environment of each task: a `ToolEnv` whose `SearchTool` sees only the task's world."
 
@@ -238,8 +245,10 @@ class WorldSearch:
             emb = self.encoder.encode_docs(flat)
             bounds = np.cumsum([0] + [len(d) for d in self.docs])
             self.embeddings = [emb[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+            # the searches an agent makes are mostly names: embed them all in one batch now, not one by one later
+            self.encoder.encode_queries(sorted({n for w in self.worlds for n in [*w.people, *w.orgs, *w.cities]}))
 
-    def tool(self, world_id: int) -> SearchTool:
+    def tool(self, world_id: int) -> WorldSearchTool:
         "The search tool of one world (built on first use)."
         if world_id not in self.tools:
             docs = self.docs[world_id]
@@ -249,7 +258,7 @@ class WorldSearch:
                 ret = BM25Retriever(docs)
             else:
                 ret = NoSearch()
-            self.tools[world_id] = SearchTool(ret, k=self.k, max_chars=400)
+            self.tools[world_id] = WorldSearchTool(ret, k=self.k, max_chars=400)
         return self.tools[world_id]
 
     def _process(self, call, result: ToolResult, task: dict):
@@ -375,7 +384,7 @@ def arith_expert(context: str, think: bool = True) -> str:
         return "<tool_call>\n" + json.dumps(call) + "\n</tool_call>"
     return (f"<think>{results[-1]}</think>\n" if think else "") + f"<answer>{results[-1]}</answer>"
 
-# %% ../nbs/11_speedrun.ipynb #17ef314d
+# %% ../nbs/11_speedrun.ipynb #f49640d9
 TASKS = ("search", "arith")
 RETRIEVERS = ("dense", "bm25")
 
@@ -400,15 +409,15 @@ class SpeedrunConfig:
     vocab_size: int = 1024
     # --- model
     hidden_size: int = 128
-    num_layers: int = 4
-    # --- pre-training on passages and SFT
-    pretrain_steps: int = 300
+    num_layers: int = 2  # two layers learn to copy sooner than four at this size (section 13)
+    # --- pre-training on passages (optional) and SFT
+    pretrain_steps: int = 0
     pretrain_batch: int = 64
-    sft_steps: int = 600
+    sft_steps: int = 1500
     sft_batch: int = 32
     sft_lr: float = 3e-3
     # --- RL
-    rl_steps: int = 30
+    rl_steps: int = 20
     prompts_per_step: int = 16
     group_size: int = 8
     rl_lr: float = 2e-4
@@ -418,7 +427,7 @@ class SpeedrunConfig:
     max_new_tokens: int = 48
     max_turns: int = 4
     # --- bookkeeping
-    eval_every: int = 200  # SFT steps between held-out evaluations (0: only at the end)
+    eval_every: int = 250  # SFT steps between held-out evaluations (0: only at the end)
     save_every: int = 100  # SFT steps (and RL steps / 10) between checkpoints
 
     def __post_init__(self):
@@ -900,3 +909,30 @@ def trajectory_browser(records: Sequence[dict] | str | Path):
         w.observe(show, "value")
     show()
     return W.VBox([W.HBox([kind, outcome]), idx, out])
+
+# %% ../nbs/11_speedrun.ipynb #bb8ec280
+def fresh_world(seed: int, world_size: tuple[int, int, int] = (6, 2, 3)) -> World:
+    "A new random world (seeds far from the ones training and evaluation use)."
+    return make_world(random.Random(10**9 + seed), *world_size)
+
+
+def ask(
+    model,
+    tokenizer,
+    world: World,
+    question: str,
+    retriever: str = "bm25",  # "dense" or "bm25"
+    answer: str | None = None,  # the gold answer, when known (scores the episode)
+    max_new_tokens: int = 48,
+    max_turns: int = 4,
+) -> dict:  # the episode record (see `episode_record`)
+    "Put one question about `world` to the model: search, read, answer; the episode as a record."
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError("question must be a non-empty string")
+    task = {"question": question.strip(), "answer": answer if answer is not None else "", "hops": 1, "world": 0,
+            "chain": [""]}
+    envs = WorldSearch([world], retriever, max_turns=max_turns)
+    _, records = evaluate_agent(model, tokenizer, [task], envs, max_new_tokens, max_turns)
+    rec = records[0]
+    rec["kind"] = "chat"
+    return rec

@@ -2,6 +2,7 @@
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 from conftest import ROOT
@@ -109,8 +110,19 @@ def test_speedrun_tiny_end_to_end(tmp_path):
     for f in ("plots/sft.png", "plots/rl.png", "episodes.jsonl", "rl/metrics.jsonl", "final_model/config.json"):
         assert (run_dir / f).exists(), f
     assert "NOT BUILT YET" not in out
+    # the chat entry point questions the trained agent on a fresh world
+    res = subprocess.run([sys.executable, "scripts/chat_tiny.py", str(run_dir), "--examples", "1"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0 and "never seen in training" in res.stdout and "[agent, turn 1]" in res.stdout, res
+    assert res.stdout.count("gold:") == 2 and "Traceback" not in res.stderr
     # a finished run is kept: the same command starts a new folder beside it
     code, out, err = run(["speedrun.sh", "--preset", "ci", "--out", str(tmp_path), "--set", "rl_steps=1"],
                          timeout=1800)
     assert code == 0, out + err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny-search-grpo-s0-ci", "tiny-search-grpo-s0-ci-2"]
+
+
+def test_chat_tiny_names_a_folder_without_a_model(tmp_path):
+    res = subprocess.run([sys.executable, "scripts/chat_tiny.py", str(tmp_path)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 2 and "holds no model" in res.stderr and "Traceback" not in res.stderr

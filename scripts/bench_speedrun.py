@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""The tiny speedrun's targets, measured (chapter 11). Prints the figures and writes them to <out>/bench.md.
+
+    python scripts/bench_speedrun.py headline                 # random init -> EM per hop, total wall time
+    python scripts/bench_speedrun.py rl-matters --seeds 0,1,2 # SFT on one-hop only, then RL on the mix
+    python scripts/bench_speedrun.py algorithms               # GRPO, PPO, REINFORCE++, RLOO, StepPO from one SFT start
+    python scripts/bench_speedrun.py all
+
+Targets (issue 6): headline >= 0.95 EM on held-out one-hop and two-hop questions each in <= 600 s on 2 CPU cores,
+all stages included; RL lifts held-out two-hop EM by >= 0.30 over its one-hop SFT start within <= 900 s of RL,
+mean +- std over 3 seeds, beside the no-tool and SFT-only baselines. Any SpeedrunConfig field can be changed with
+--set KEY=VALUE. Runs resume: a killed benchmark started again with the same --out continues where it stopped.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+
+def _cfg(preset: str, sets: list[str], **kw):
+    from agent_r1_tutorial.speedrun import SpeedrunConfig
+    from speedrun import _parse_value
+
+    over = {k: _parse_value(v) for k, v in (s.split("=", 1) for s in sets)}
+    for k in ("sft_hops", "rl_hops", "world_size"):
+        if isinstance(over.get(k), int):
+            over[k] = (over[k],)
+    return SpeedrunConfig.preset(preset, **{**kw, **over})
+
+
+def _total(run_dir: Path) -> dict:
+    return json.loads((run_dir / "stages.json").read_text())
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3f}"
+
+
+def headline(args, lines: list[str]):
+    from agent_r1_tutorial.speedrun import run_speedrun
+
+    cfg = _cfg(args.preset, args.set, seed=args.seeds[0], threads=args.threads)
+    d = Path(args.out) / f"headline-s{cfg.seed}"
+    ev = run_speedrun(cfg, d, progress=not args.quiet)
+    t = _total(d)
+    f = ev["final"]
+    ok = f.get("em/1-hop", 0) >= 0.95 and f.get("em/2-hop", 0) >= 0.95 and sum(t.values()) <= 600
+    lines += ["## Headline: random initialisation to held-out EM", "",
+              "| model | EM 1-hop | EM 2-hop | tool calls | turns |", "|---|---|---|---|---|"]
+    for k, name in (("no_tool", "no-tool baseline"), ("sft", "SFT only"), ("final", f"SFT + {cfg.algorithm}")):
+        e = ev[k]
+        lines.append(f"| {name} | {_fmt(e.get('em/1-hop', float('nan')))} | {_fmt(e.get('em/2-hop', float('nan')))} "
+                     f"| {e['tool_calls']:.2f} | {e['turns']:.2f} |")
+    lines += ["", "Wall time per stage (s): " + ", ".join(f"{k} {v:.0f}" for k, v in t.items())
+              + f"; total **{sum(t.values()):.0f} s**.",
+              f"Rollout throughput (greedy eval, batched loop): {f['agent_tokens_per_s']:.0f} agent tokens/s.",
+              f"Target (>= 0.95 on each, <= 600 s): **{'met' if ok else 'not met'}**.", ""]
+
+
+def rl_matters(args, lines: list[str]):
+    from agent_r1_tutorial.speedrun import run_speedrun
+
+    rows = []
+    for seed in args.seeds:
+        cfg = _cfg(args.preset, ["sft_hops=1", "rl_hops=1,2", *args.set], seed=seed, threads=args.threads)
+        d = Path(args.out) / f"rl-matters-s{seed}"
+        ev = run_speedrun(cfg, d, progress=not args.quiet)
+        rows.append({"seed": seed, "no_tool": ev["no_tool"].get("em/2-hop", 0.0), "sft": ev["sft"].get("em/2-hop", 0.0),
+                     "final": ev["final"].get("em/2-hop", 0.0), "final1": ev["final"].get("em/1-hop", 0.0),
+                     "sft1": ev["sft"].get("em/1-hop", 0.0), "calls_sft": ev["sft"]["tool_calls"],
+                     "calls_final": ev["final"]["tool_calls"], "rl_s": _total(d).get("rl", 0.0)})
+    lift = [r["final"] - r["sft"] for r in rows]
+    ms = lambda xs: f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs) if len(xs) > 1 else 0.0:.3f}"
+    lines += ["## RL matters: SFT on one-hop demonstrations only, RL on the one- and two-hop mix", "",
+              "| seed | no-tool 2-hop | SFT 2-hop | SFT+RL 2-hop | SFT 1-hop | SFT+RL 1-hop | calls SFT | calls RL | RL s |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['seed']} | {_fmt(r['no_tool'])} | {_fmt(r['sft'])} | {_fmt(r['final'])} | {_fmt(r['sft1'])} "
+                     f"| {_fmt(r['final1'])} | {r['calls_sft']:.2f} | {r['calls_final']:.2f} | {r['rl_s']:.0f} |")
+    ok = statistics.mean(lift) >= 0.30 and max(r["rl_s"] for r in rows) <= 900
+    lines += ["", f"Two-hop EM lift from RL: **{ms(lift)}** over {len(rows)} seed(s) "
+              f"(target >= 0.30 within 900 s of RL: **{'met' if ok else 'not met'}**).", ""]
+
+
+def algorithms(args, lines: list[str]):
+    from agent_r1_tutorial.speedrun import run_speedrun
+    from agent_r1_tutorial.trainer import ALGORITHMS
+
+    seed = args.seeds[0]
+    base_cfg = _cfg(args.preset, args.set, seed=seed, threads=args.threads)
+    base = Path(args.out) / f"algorithms-s{seed}-sft"
+    run_speedrun(base_cfg, base, progress=not args.quiet, stages=["data", "sft"])
+    lines += ["## Algorithms at the same budget, from the same SFT checkpoint", "",
+              f"{base_cfg.rl_steps} RL steps of {base_cfg.prompts_per_step} prompts × {base_cfg.group_size} episodes "
+              "(PPO and REINFORCE++ in verl use one response per prompt; here every algorithm gets the same episodes).", "",
+              "| algorithm | EM 1-hop | EM 2-hop | tool calls | RL wall s |", "|---|---|---|---|---|"]
+    for alg in ["grpo", *[a for a in ALGORITHMS if a != "grpo"]]:
+        cfg = _cfg(args.preset, args.set, seed=seed, threads=args.threads, algorithm=alg)
+        d = Path(args.out) / f"algorithms-s{seed}-{alg}"
+        if not d.exists():  # start from a copy of the shared SFT stage
+            shutil.copytree(base, d)
+            (d / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
+        ev = run_speedrun(cfg, d, progress=not args.quiet)
+        f = ev["final"]
+        lines.append(f"| {alg} | {_fmt(f.get('em/1-hop', float('nan')))} | {_fmt(f.get('em/2-hop', float('nan')))} "
+                     f"| {f['tool_calls']:.2f} | {_total(d).get('rl', 0.0):.0f} |")
+    lines.append("")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("what", choices=["headline", "rl-matters", "algorithms", "all"])
+    ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (rl-matters uses all; others the first)")
+    ap.add_argument("--preset", choices=["tiny", "ci"], default="tiny")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--out", default=str(ROOT / "runs" / "bench"))
+    ap.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = ap.parse_args(argv)
+    try:
+        args.seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        ap.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
+    for s in args.set:
+        if "=" not in s:
+            ap.error(f"--set needs KEY=VALUE, got {s!r}")
+    from transformers.utils import logging as hf_logging
+
+    from agent_r1_tutorial.core import env_report, env_report_md
+
+    hf_logging.disable_progress_bar()
+    t0 = time.time()
+    lines = [f"# Tiny speedrun benchmark ({args.what}, preset {args.preset})", ""]
+    try:
+        for name, fn in (("headline", headline), ("rl-matters", rl_matters), ("algorithms", algorithms)):
+            if args.what in (name, "all"):
+                fn(args, lines)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}")
+    lines += [f"Benchmark wall time: {time.time() - t0:.0f} s.", "", "## Machine", "", env_report_md(env_report())]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"bench-{args.what}.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

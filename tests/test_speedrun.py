@@ -1,0 +1,101 @@
+"""The tiny speedrun's data and pieces (chapter 11): worlds, questions, the expert, configuration, the report."""
+import json
+import random
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from agent_r1_tutorial.speedrun import (
+    SpeedrunConfig, WorldSearch, arith_expert, arith_env, make_arith_tasks, make_split, make_world, parse_question,
+    play, search_expert, write_report,
+)
+from agent_r1_tutorial.rollout import SamplingParams, ScriptedBackend
+from agent_r1_tutorial.tinylm import build_tiny_lm
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tiny_lm(vocab_size=600, hidden_size=16, num_hidden_layers=1)[0]
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10**6), n=st.integers(1, 6))
+def test_splits_share_no_name(seed, n):
+    train = make_split(n, 1, seed=seed)
+    held = make_split(n, 1, seed=seed + 1, banned=train.names())
+    assert not train.names() & held.names()
+    # and no two worlds of one split share a name either
+    seen = set()
+    for w in train.worlds:
+        assert not seen & w.names()
+        seen |= w.names()
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10**6))
+def test_every_question_parses_to_its_chain(seed):
+    split = make_split(2, 3, seed=seed)
+    for t in split.tasks:
+        entity, path = parse_question(t["question"])
+        assert entity == t["chain"][0] and len(path) == t["hops"]
+
+
+def test_expert_solves_every_task_with_bm25(tok):
+    split = make_split(10, 3, seed=5)
+    trajs = play(ScriptedBackend(tok, search_expert), tok, split.tasks, WorldSearch(split.worlds, "bm25"),
+                 SamplingParams(max_new_tokens=128))
+    assert [t.outcome_reward for t in trajs] == [1.0] * len(split.tasks)
+    # tool calls per episode equal the hops
+    for t, task in zip(trajs, split.tasks):
+        assert sum(s.info.get("n_calls", 0) for s in t.steps) == task["hops"]
+
+
+def test_expert_without_search_gets_nothing_right(tok):
+    split = make_split(5, 2, seed=6)
+    trajs = play(ScriptedBackend(tok, search_expert), tok, split.tasks, WorldSearch(split.worlds, "none"),
+                 SamplingParams(max_new_tokens=128))
+    assert all(t.outcome_reward == 0.0 for t in trajs)
+
+
+def test_process_reward_pays_retrieval_hits_only(tok):
+    split = make_split(3, 2, seed=7, hops=(2,))
+    envs = WorldSearch(split.worlds, "bm25", process_reward=0.25)
+    trajs = play(ScriptedBackend(tok, search_expert), tok, split.tasks, envs, SamplingParams(max_new_tokens=128))
+    for t in trajs:  # both searches of a two-hop episode hit the chain
+        assert [s.reward for s in t.steps] == [0.25, 0.25, 0.0]
+
+
+def test_arith_expert_and_bad_problems(tok):
+    tasks = make_arith_tasks(12, seed=3)
+    trajs = play(ScriptedBackend(tok, arith_expert), tok, tasks, arith_env, SamplingParams(max_new_tokens=96))
+    assert all(t.outcome_reward == 1.0 for t in trajs)
+    assert all(str(eval(t["expression"])) == t["answer"] for t in tasks)
+
+
+@pytest.mark.parametrize("kw, msg", [
+    ({"algorithm": "a2c"}, "unknown algorithm 'a2c'"),
+    ({"retriever": "tfidf"}, "unknown retriever 'tfidf'"),
+    ({"rl_hops": ()}, "rl_hops must be a non-empty selection"),
+    ({"group_size": 0}, "group_size must be a positive int"),
+    ({"hidden_size": 1.5}, "hidden_size must be a positive int"),
+])
+def test_config_names_bad_values(kw, msg):
+    with pytest.raises(ValueError, match=msg.replace("(", r"\(")):
+        SpeedrunConfig(**kw)
+
+
+def test_world_rejects_bad_sizes():
+    with pytest.raises(ValueError, match="n_people must be a positive int"):
+        make_world(random.Random(0), n_people=0)
+
+
+def test_report_from_a_run_folder(tmp_path):
+    cfg = SpeedrunConfig.preset("ci")
+    (tmp_path / "config.json").write_text(json.dumps(cfg.__dict__, default=list))
+    e = {"em/1-hop": 0.5, "em/2-hop": 0.25, "em/all": 0.375, "tool_calls": 1.5, "turns": 2.5, "agent_tokens_per_s": 900.0}
+    (tmp_path / "eval.json").write_text(json.dumps({"sft": e, "final": {**e, "em/2-hop": 0.75}, "no_tool": e}))
+    (tmp_path / "stages.json").write_text(json.dumps({"data": 1.0, "sft": 2.0, "rl": 3.0, "eval": 4.0}))
+    (tmp_path / "plots").mkdir()
+    text = write_report(tmp_path).read_text()
+    assert "| SFT + grpo | 0.500 | 0.750 | 0.375 | 1.50 | 2.50 |" in text
+    assert "| **total** | **10.0** |" in text and "900 agent tokens/s" in text
