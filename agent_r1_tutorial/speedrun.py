@@ -384,7 +384,7 @@ def arith_expert(context: str, think: bool = True) -> str:
         return "<tool_call>\n" + json.dumps(call) + "\n</tool_call>"
     return (f"<think>{results[-1]}</think>\n" if think else "") + f"<answer>{results[-1]}</answer>"
 
-# %% ../nbs/11_speedrun.ipynb #f49640d9
+# %% ../nbs/11_speedrun.ipynb #f869b6ae
 TASKS = ("search", "arith")
 RETRIEVERS = ("dense", "bm25")
 
@@ -409,7 +409,7 @@ class SpeedrunConfig:
     vocab_size: int = 1024
     # --- model
     hidden_size: int = 128
-    num_layers: int = 2  # two layers learn to copy sooner than four at this size (section 13)
+    num_layers: int = 2  # shallow: an SFT step of 32 episodes takes under a second on 2 cores
     # --- pre-training on passages (optional) and SFT
     pretrain_steps: int = 0
     pretrain_batch: int = 64
