@@ -466,7 +466,7 @@ class SpeedrunConfig:
             raise ValueError(f"unknown option(s) {sorted(bad)}; SpeedrunConfig has {[f.name for f in dataclasses.fields(cls)]}")
         return cls(**{**presets[name], **overrides})
 
-# %% ../nbs/11_speedrun.ipynb #1092d7ef
+# %% ../nbs/11_speedrun.ipynb #14a18bc7
 @dataclass
 class Suite:
     "A task's data and environments, as the stages use them."
@@ -490,13 +490,12 @@ def build_suite(cfg: SpeedrunConfig, encoder: CachedEncoder | None = None) -> Su
         n_train, n_eval = cfg.train_worlds * cfg.per_world * 2, cfg.eval_worlds * cfg.eval_per_world * 2
         train, ev = make_arith_tasks(n_train, cfg.seed * 2 + 1), make_arith_tasks(n_eval, cfg.seed * 2 + 2)
         env = lambda t: arith_env(t, max_turns=min(cfg.max_turns, 3))
-        class _NoCalc:  # the baseline: a calculator that always fails
-            def __call__(self, t):
-                e = arith_env(t, max_turns=min(cfg.max_turns, 3))
-                e.tools["calculator"].execute = lambda expression: ToolResult.error("calculator unavailable", "no_tool")
-                return e
+        def no_calculator(t):  # the baseline: a calculator that always fails
+            e = env(t)
+            e.tools["calculator"].execute = lambda expression: ToolResult.error("calculator unavailable", "no_tool")
+            return e
         expert = lambda ctx: arith_expert(ctx, think=cfg.think)
-        return Suite(train, train, ev, env, env, _NoCalc(), expert, [t["question"] for t in train])
+        return Suite(train, train, ev, env, env, no_calculator, expert, [t["question"] for t in train])
     hops = tuple(sorted(set(cfg.sft_hops) | set(cfg.rl_hops)))
     tr = make_split(cfg.train_worlds, cfg.per_world, seed=cfg.seed * 2 + 1, hops=hops, world_size=cfg.world_size)
     ev = make_split(cfg.eval_worlds, cfg.eval_per_world, seed=cfg.seed * 2 + 2, hops=(1, 2), banned=tr.names(),
@@ -673,7 +672,7 @@ def evaluate_agent(
     out["agent_tokens_per_s"] = sum(t.num_policy_tokens for t in trajs) / dt
     return out, records
 
-# %% ../nbs/11_speedrun.ipynb #2eba1fa3
+# %% ../nbs/11_speedrun.ipynb #92e2c937
 STAGE_NAMES = ("data", "sft", "rl", "eval")
 
 
@@ -708,6 +707,7 @@ def run_speedrun(
     run_dir: str | Path,  # created if missing; an existing folder with the same config is resumed
     progress: bool = True,
     stages: Sequence[str] = STAGE_NAMES,  # run only these (the ones before them must be done)
+    suite: Suite | None = None,  # `build_suite(cfg)`, when the caller already has it (embedding the worlds takes time)
 ) -> dict:  # the eval metrics of every model
     "Run (or resume) the tiny speedrun in `run_dir`; write the report card; return the held-out metrics."
     run_dir = Path(run_dir)
@@ -733,7 +733,7 @@ def run_speedrun(
         (run_dir / "eval.json").write_text(json.dumps(evals, indent=1))
 
     t0 = time.perf_counter()
-    suite = build_suite(cfg)
+    suite = build_suite(cfg) if suite is None else suite
     # --- data
     if not _done(run_dir, "data"):
         tok = build_tokenizer(suite, cfg.vocab_size)

@@ -231,18 +231,24 @@ def tiny_config(args):
         raise SystemExit(f"error: {e}")
 
 
+_SUITES: dict = {}  # the worlds, environments and embeddings, built once for all four stages
+
+
 def tiny_stage(name: str):
     def stage(run_dir, args) -> str:
         from transformers.utils import logging as hf_logging
 
-        from agent_r1_tutorial.speedrun import run_speedrun
+        from agent_r1_tutorial.speedrun import build_suite, run_speedrun
 
         hf_logging.disable_progress_bar()  # the stages draw their own bars; no "Writing model shards" ones
         cfg = tiny_config(args)
+        key = json.dumps(cfg.__dict__, sort_keys=True, default=list)
+        if key not in _SUITES:
+            _SUITES[key] = build_suite(cfg)
         if name == "data" and (Path(run_dir) / "config.json").exists():
             print(f"  resuming the unfinished run in {run_dir}")
         try:
-            evals = run_speedrun(cfg, run_dir, stages=[name])
+            evals = run_speedrun(cfg, run_dir, stages=[name], suite=_SUITES[key])
         except ValueError as e:
             raise SystemExit(f"error: {e}")
         times = json.loads((Path(run_dir) / "stages.json").read_text())

@@ -70,6 +70,9 @@ def test_arith_expert_and_bad_problems(tok):
     trajs = play(ScriptedBackend(tok, arith_expert), tok, tasks, arith_env, SamplingParams(max_new_tokens=96))
     assert all(t.outcome_reward == 1.0 for t in trajs)
     assert all(str(eval(t["expression"])) == t["answer"] for t in tasks)
+    with pytest.raises(ValueError, match="n must be a positive int"):
+        make_arith_tasks(0, seed=0)
+    assert arith_expert("<|im_start|>user\nWhat is the capital of Peru?<|im_end|>\n") == "<answer>unknown</answer>"
 
 
 @pytest.mark.parametrize("kw, msg", [
