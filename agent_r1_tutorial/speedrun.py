@@ -33,9 +33,9 @@ __all__ = ['ORG_SUFFIXES', 'ONE_HOP', 'TWO_HOP', 'TASKS', 'RETRIEVERS', 'STAGE_N
            'Split', 'make_split', 'CachedEncoder', 'NoSearch', 'search_reward', 'WorldSearchTool', 'WorldSearch',
            'parse_question', 'search_call', 'search_expert', 'play', 'make_arith_tasks', 'arith_reward', 'arith_env',
            'arith_expert', 'SpeedrunConfig', 'Suite', 'build_suite', 'expert_trajectories', 'build_tokenizer',
-           'sft_loss', 'pretrain_batches', 'sft_batches', 'train_lm', 'episode_record', 'evaluate_agent',
-           'rl_trainer_config', 'run_speedrun', 'plot_run', 'write_report', 'episode_html', 'trajectory_browser',
-           'fresh_world', 'ask']
+           'sft_loss', 'pretrain_batches', 'search_drill', 'arith_drill', 'drill_batches', 'sft_batches', 'train_lm',
+           'episode_record', 'evaluate_agent', 'rl_trainer_config', 'run_speedrun', 'plot_run', 'write_report',
+           'episode_html', 'trajectory_browser', 'fresh_world', 'ask']
 
 # %% ../nbs/11_speedrun.ipynb #42b22e8f
 _CONSONANTS, _VOWELS = "bdfgklmnprstvz", "aeiou"
@@ -384,7 +384,7 @@ def arith_expert(context: str, think: bool = True) -> str:
         return "<tool_call>\n" + json.dumps(call) + "\n</tool_call>"
     return (f"<think>{results[-1]}</think>\n" if think else "") + f"<answer>{results[-1]}</answer>"
 
-# %% ../nbs/11_speedrun.ipynb #f869b6ae
+# %% ../nbs/11_speedrun.ipynb #cceb0e85
 TASKS = ("search", "arith")
 RETRIEVERS = ("dense", "bm25")
 
@@ -401,6 +401,7 @@ class SpeedrunConfig:
     train_worlds: int = 600
     eval_worlds: int = 40
     per_world: int = 5  # training questions per world and per number of hops
+    search_k: int = 2  # passages per search
     eval_per_world: int = 3
     world_size: tuple = (6, 2, 3)  # people, organisations, cities
     sft_hops: tuple = (1, 2)  # the questions the expert demonstrates
@@ -410,9 +411,11 @@ class SpeedrunConfig:
     # --- model
     hidden_size: int = 128
     num_layers: int = 2  # shallow: an SFT step of 32 episodes takes under a second on 2 cores
-    # --- pre-training on passages (optional) and SFT
+    # --- warm-ups (optional): a language model on the passages, copying drills; then SFT
     pretrain_steps: int = 0
     pretrain_batch: int = 64
+    drill_steps: int = 0
+    drill_batch: int = 64
     sft_steps: int = 1500
     sft_batch: int = 32
     sft_lr: float = 3e-3
@@ -443,11 +446,12 @@ class SpeedrunConfig:
             if not v or any(h not in (1, 2) for h in v):
                 raise ValueError(f"{name} must be a non-empty selection of 1 and 2, got {v!r}")
         for name in ("train_worlds", "eval_worlds", "per_world", "eval_per_world", "hidden_size", "num_layers",
-                     "pretrain_batch", "sft_batch", "prompts_per_step", "group_size", "max_new_tokens", "max_turns"):
+                     "pretrain_batch", "drill_batch", "sft_batch", "prompts_per_step", "group_size", "max_new_tokens",
+                     "max_turns", "search_k"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
-        for name in ("pretrain_steps", "sft_steps", "rl_steps", "eval_every", "save_every"):
+        for name in ("pretrain_steps", "drill_steps", "sft_steps", "rl_steps", "eval_every", "save_every"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"{name} must be a non-negative int, got {v!r}")
@@ -457,6 +461,7 @@ class SpeedrunConfig:
         "A named configuration, with any field overridden."
         presets = {"tiny": {}, "ci": dict(train_worlds=40, eval_worlds=6, per_world=2, eval_per_world=2, vocab_size=700,
                                           hidden_size=64, num_layers=2, pretrain_steps=10, pretrain_batch=16,
+                                          drill_steps=10, drill_batch=16,
                                           sft_steps=30, sft_batch=16, rl_steps=2, prompts_per_step=4, group_size=4,
                                           eval_every=0, save_every=10)}
         if name not in presets:
@@ -466,7 +471,7 @@ class SpeedrunConfig:
             raise ValueError(f"unknown option(s) {sorted(bad)}; SpeedrunConfig has {[f.name for f in dataclasses.fields(cls)]}")
         return cls(**{**presets[name], **overrides})
 
-# %% ../nbs/11_speedrun.ipynb #14a18bc7
+# %% ../nbs/11_speedrun.ipynb #b0dcf2f6
 @dataclass
 class Suite:
     "A task's data and environments, as the stages use them."
@@ -478,6 +483,7 @@ class Suite:
     no_tool_env: Callable[[dict], ToolEnv]  # the baseline: the same episodes with a tool that finds nothing
     expert: Callable[[str], str]
     passages: list[str]  # pre-training text
+    drill: Callable[[random.Random], tuple[str, str]] | None = None  # a copying exercise: (context, target)
 
 
 def _kind(task: dict) -> str:
@@ -495,18 +501,21 @@ def build_suite(cfg: SpeedrunConfig, encoder: CachedEncoder | None = None) -> Su
             e.tools["calculator"].execute = lambda expression: ToolResult.error("calculator unavailable", "no_tool")
             return e
         expert = lambda ctx: arith_expert(ctx, think=cfg.think)
-        return Suite(train, train, ev, env, env, no_calculator, expert, [t["question"] for t in train])
+        return Suite(train, train, ev, env, env, no_calculator, expert, [t["question"] for t in train],
+                     lambda rng: arith_drill(train, rng))
     hops = tuple(sorted(set(cfg.sft_hops) | set(cfg.rl_hops)))
     tr = make_split(cfg.train_worlds, cfg.per_world, seed=cfg.seed * 2 + 1, hops=hops, world_size=cfg.world_size)
     ev = make_split(cfg.eval_worlds, cfg.eval_per_world, seed=cfg.seed * 2 + 2, hops=(1, 2), banned=tr.names(),
                     world_size=cfg.world_size)
-    train_env = WorldSearch(tr.worlds, cfg.retriever, max_turns=cfg.max_turns, process_reward=cfg.process_reward,
-                            encoder=encoder)
-    eval_env = WorldSearch(ev.worlds, cfg.retriever, max_turns=cfg.max_turns, encoder=getattr(train_env, "encoder", None))
-    no_tool = WorldSearch(ev.worlds, "none", max_turns=cfg.max_turns)
+    train_env = WorldSearch(tr.worlds, cfg.retriever, k=cfg.search_k, max_turns=cfg.max_turns,
+                            process_reward=cfg.process_reward, encoder=encoder)
+    eval_env = WorldSearch(ev.worlds, cfg.retriever, k=cfg.search_k, max_turns=cfg.max_turns,
+                           encoder=getattr(train_env, "encoder", None))
+    no_tool = WorldSearch(ev.worlds, "none", k=cfg.search_k, max_turns=cfg.max_turns)
     return Suite([t for t in tr.tasks if t["hops"] in cfg.rl_hops], [t for t in tr.tasks if t["hops"] in cfg.sft_hops],
                  ev.tasks, train_env, eval_env, no_tool, lambda ctx: search_expert(ctx, think=cfg.think),
-                 [d["text"] for w in tr.worlds for d in w.passages()])
+                 [d["text"] for w in tr.worlds for d in w.passages()],
+                 lambda rng: search_drill(tr.worlds, rng, cfg.search_k))
 
 # %% ../nbs/11_speedrun.ipynb #c53fe40d
 def expert_trajectories(suite: Suite, tokenizer, tasks: Sequence[dict] | None = None) -> list:
@@ -531,7 +540,7 @@ def _bootstrap_tokenizer():
     from agent_r1_tutorial.tinylm import build_tiny_lm
     return build_tiny_lm(vocab_size=600, hidden_size=16, num_hidden_layers=1)
 
-# %% ../nbs/11_speedrun.ipynb #55b57c4c
+# %% ../nbs/11_speedrun.ipynb #d3eda151
 def sft_loss(model, batch: dict) -> torch.Tensor:
     "Mean cross-entropy over the tokens `response_mask` selects (the agent's own)."
     R = batch["responses"].shape[1]
@@ -552,6 +561,52 @@ def pretrain_batches(tokenizer, passages: Sequence[str], batch_size: int, rng: r
                         return_tensors="pt", padding=True, padding_side="right")
         yield {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask,
                "labels": enc.input_ids.masked_fill(enc.attention_mask == 0, -100)}
+
+
+_SENTENCE = re.compile(r"(.+?) (?:was born in|works for|is based in|is led by) (.+?)\.$")
+
+
+def search_drill(worlds: Sequence[World], rng: random.Random, k: int = 2) -> tuple[str, str]:
+    "One short copying exercise from a random world, in the agent's markup: (context, target)."
+    w = rng.choice(worlds)
+    kind = rng.randrange(3)
+    if kind == 0:  # the name in a question goes into the search call
+        t = make_questions(w, rng, 1, rng.choice((1, 2)))[0]
+        call = search_call(t["chain"][0])
+        cut = call.index('"query": "') + len('"query": "')
+        return f"{t['question']}\n{call[:cut]}", call[cut:]
+    docs = rng.sample(w.passages(), min(k, len(w.passages())))
+    sentences = [s.strip() for d in docs for s in re.findall(r"[^.]+\.", d["text"])]
+    if kind == 1:  # a sentence of a tool response is quoted in <think>
+        shown = "\n\n".join(f"[{i + 1}] {d['text']}" for i, d in enumerate(docs))
+        return f"<tool_response>\n{shown}\n</tool_response>\n<think>", f"{rng.choice(sentences)}</think>"
+    facts = [m for m in map(_SENTENCE.match, sentences) if m] or [_SENTENCE.match(f"{w.people[0]} was born in "
+                                                                                f"{w.born_in[w.people[0]]}.")]
+    m = rng.choice(facts)  # the object of the quoted sentence is the answer
+    return f"<think>{m.group(0)}</think>\n<answer>", f"{m.group(2)}</answer>"
+
+
+def arith_drill(tasks: Sequence[dict], rng: random.Random) -> tuple[str, str]:
+    "The arithmetic task's copying exercise: a question's numbers go into the calculator call."
+    t = rng.choice(tasks)
+    return f"{t['question']}\n" + '<tool_call>\n{"name": "calculator", "arguments": {"expression": "', \
+        t["expression"] + '"}}\n</tool_call>'
+
+
+def drill_batches(tokenizer, drill: Callable[[random.Random], tuple[str, str]], batch_size: int, rng: random.Random):
+    "Endless batches of drills: next-token loss on each target only (the context is given)."
+    while True:
+        pairs = [drill(rng) for _ in range(batch_size)]
+        ctx = [tokenizer.encode(c, add_special_tokens=False) for c, _ in pairs]
+        tgt = [tokenizer.encode(t, add_special_tokens=False) for _, t in pairs]
+        L = max(len(c) + len(t) for c, t in zip(ctx, tgt))
+        ids = torch.full((batch_size, L), tokenizer.pad_token_id)
+        labels, attn = torch.full((batch_size, L), -100), torch.zeros(batch_size, L, dtype=torch.long)
+        for i, (c, t) in enumerate(zip(ctx, tgt)):
+            ids[i, :len(c) + len(t)] = torch.tensor(c + t)
+            attn[i, :len(c) + len(t)] = 1
+            labels[i, len(c):len(c) + len(t)] = torch.tensor(t)
+        yield {"input_ids": ids, "attention_mask": attn, "labels": labels}
 
 
 def sft_batches(rows: Sequence[dict], pad_id: int, batch_size: int, rng: random.Random):
@@ -672,7 +727,7 @@ def evaluate_agent(
     out["agent_tokens_per_s"] = sum(t.num_policy_tokens for t in trajs) / dt
     return out, records
 
-# %% ../nbs/11_speedrun.ipynb #92e2c937
+# %% ../nbs/11_speedrun.ipynb #7225d983
 STAGE_NAMES = ("data", "sft", "rl", "eval")
 
 
@@ -754,6 +809,10 @@ def run_speedrun(
             train_lm(model, pretrain_batches(tok, suite.passages, cfg.pretrain_batch, random.Random(cfg.seed)),
                      cfg.pretrain_steps, cfg.sft_lr, "pretrain", run_dir, cfg.save_every, progress=progress,
                      rng=random.Random(cfg.seed))
+        if cfg.drill_steps and suite.drill is not None:
+            train_lm(model, drill_batches(tok, suite.drill, cfg.drill_batch, random.Random(cfg.seed + 2)),
+                     cfg.drill_steps, cfg.sft_lr, "drill", run_dir, cfg.save_every, progress=progress,
+                     rng=random.Random(cfg.seed + 2))
         def sft_eval():
             return {k: v for k, v in ev(model)[0].items() if k.startswith("em/")}
         train_lm(model, sft_batches(rows, tok.pad_token_id, cfg.sft_batch, random.Random(cfg.seed + 1)), cfg.sft_steps,
