@@ -540,7 +540,7 @@ def _bootstrap_tokenizer():
     from agent_r1_tutorial.tinylm import build_tiny_lm
     return build_tiny_lm(vocab_size=600, hidden_size=16, num_hidden_layers=1)
 
-# %% ../nbs/11_speedrun.ipynb #d3eda151
+# %% ../nbs/11_speedrun.ipynb #0b54beb3
 def sft_loss(model, batch: dict) -> torch.Tensor:
     "Mean cross-entropy over the tokens `response_mask` selects (the agent's own)."
     R = batch["responses"].shape[1]
@@ -575,14 +575,14 @@ def search_drill(worlds: Sequence[World], rng: random.Random, k: int = 2) -> tup
         call = search_call(t["chain"][0])
         cut = call.index('"query": "') + len('"query": "')
         return f"{t['question']}\n{call[:cut]}", call[cut:]
-    docs = rng.sample(w.passages(), min(k, len(w.passages())))
-    sentences = [s.strip() for d in docs for s in re.findall(r"[^.]+\.", d["text"])]
     if kind == 1:  # a sentence of a tool response is quoted in <think>
+        docs = rng.sample(w.passages(), min(k, len(w.passages())))
+        sentences = [s.strip() for d in docs for s in re.findall(r"[^.]+\.", d["text"])]
         shown = "\n\n".join(f"[{i + 1}] {d['text']}" for i, d in enumerate(docs))
         return f"<tool_response>\n{shown}\n</tool_response>\n<think>", f"{rng.choice(sentences)}</think>"
-    facts = [m for m in map(_SENTENCE.match, sentences) if m] or [_SENTENCE.match(f"{w.people[0]} was born in "
-                                                                                f"{w.born_in[w.people[0]]}.")]
-    m = rng.choice(facts)  # the object of the quoted sentence is the answer
+    # the object of a quoted fact is the answer (any fact of the world: this drill needs no tool response)
+    facts = [m for d in w.passages() for s in re.findall(r"[^.]+\.", d["text"]) if (m := _SENTENCE.match(s.strip()))]
+    m = rng.choice(facts)
     return f"<think>{m.group(0)}</think>\n<answer>", f"{m.group(2)}</answer>"
 
 
