@@ -9,7 +9,9 @@
 Targets (issue 6): headline >= 0.95 EM on held-out one-hop and two-hop questions each in <= 600 s on 2 CPU cores,
 all stages included; RL lifts held-out two-hop EM by >= 0.30 over its one-hop SFT start within <= 900 s of RL,
 mean +- std over 3 seeds, beside the no-tool and SFT-only baselines. Any SpeedrunConfig field can be changed with
---set KEY=VALUE. Runs resume: a killed benchmark started again with the same --out continues where it stopped.
+--set KEY=VALUE; for instance `rl-matters --set sft_hops=1,2 --set sft_two_hop_share=0.02` demonstrates a few two-hop
+episodes instead of none. Runs resume: a killed benchmark started again with the same --out continues where it
+stopped.
 """
 from __future__ import annotations
 
@@ -66,6 +68,26 @@ def headline(args, lines: list[str]):
               f"Target (>= 0.95 on each, <= 600 s): **{'met' if ok else 'not met'}**.", ""]
 
 
+def _copy_sft(src: Path, dst: Path, cfg):
+    "Start a run folder from the data and SFT stages of another (same SFT settings), to try other RL settings."
+    if not (src / ".sft.done").exists():
+        raise SystemExit(f"error: {src} holds no finished SFT stage (no .sft.done)")
+    old = json.loads((src / "config.json").read_text())
+    new = json.loads(json.dumps(dataclasses.asdict(cfg)))
+    rl_keys = {"algorithm", "rl_steps", "prompts_per_step", "group_size", "rl_lr", "temperature", "kl_coef",
+               "process_reward", "threads"}
+    differ = sorted(k for k in new if new[k] != old.get(k) and k not in rl_keys)
+    if differ:
+        raise SystemExit(f"error: {src} was trained with other data or SFT settings (differs in {differ})")
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("rl", "final_model", ".rl.done", ".eval.done",
+                                                            "episodes.jsonl", "plots", "report.md"))
+    (dst / "config.json").write_text(json.dumps(new, indent=1))
+    for name, drop in (("eval.json", "final"), ("stages.json", "rl"), ("stages.json", "eval")):
+        data = json.loads((dst / name).read_text())
+        data.pop(drop, None)
+        (dst / name).write_text(json.dumps(data, indent=1))
+
+
 def rl_matters(args, lines: list[str]):
     from agent_r1_tutorial.speedrun import run_speedrun
 
@@ -73,18 +95,28 @@ def rl_matters(args, lines: list[str]):
     for seed in args.seeds:
         cfg = _cfg(args.preset, ["sft_hops=1", "rl_hops=1,2", *args.set], seed=seed, threads=args.threads)
         d = Path(args.out) / f"rl-matters-s{seed}"
+        if args.sft_from and not d.exists():
+            _copy_sft(Path(args.sft_from) / f"rl-matters-s{seed}", d, cfg)
         ev = run_speedrun(cfg, d, progress=not args.quiet)
+        two = [r for r in map(json.loads, (d / "episodes.jsonl").read_text().splitlines()) if r["kind"] == "2-hop"]
         rows.append({"seed": seed, "no_tool": ev["no_tool"].get("em/2-hop", 0.0), "sft": ev["sft"].get("em/2-hop", 0.0),
                      "final": ev["final"].get("em/2-hop", 0.0), "final1": ev["final"].get("em/1-hop", 0.0),
                      "sft1": ev["sft"].get("em/1-hop", 0.0), "calls_sft": ev["sft"]["tool_calls"],
-                     "calls_final": ev["final"]["tool_calls"], "rl_s": _total(d).get("rl", 0.0)})
+                     "calls_final": ev["final"]["tool_calls"], "rl_s": _total(d).get("rl", 0.0),
+                     # a right two-hop answer after one search is a guess (a world has three cities), not the skill
+                     "two_search": sum(r["tool_calls"] >= 2 and r["reward"] == 1.0 for r in two) / max(1, len(two))})
     lift = [r["final"] - r["sft"] for r in rows]
     ms = lambda xs: f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs) if len(xs) > 1 else 0.0:.3f}"
-    lines += ["## RL matters: SFT on one-hop demonstrations only, RL on the one- and two-hop mix", "",
-              "| seed | no-tool 2-hop | SFT 2-hop | SFT+RL 2-hop | SFT 1-hop | SFT+RL 1-hop | calls SFT | calls RL | RL s |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    demos = ("one-hop demonstrations only" if cfg.sft_hops == (1,) else
+             f"one-hop demonstrations and {cfg.sft_two_hop_share:.0%} of the two-hop ones")
+    lines += [f"## RL matters: SFT on {demos}; RL ({cfg.algorithm}, {cfg.rl_steps} steps, lr {cfg.rl_lr:g}, "
+              f"process reward {cfg.process_reward:g}, temperature {cfg.temperature:g}) on the one- and two-hop mix", "",
+              "| seed | no-tool 2-hop | SFT 2-hop | SFT+RL 2-hop | SFT+RL 2-hop right after 2+ searches | SFT 1-hop "
+              "| SFT+RL 1-hop | calls SFT | calls RL | RL s |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['seed']} | {_fmt(r['no_tool'])} | {_fmt(r['sft'])} | {_fmt(r['final'])} | {_fmt(r['sft1'])} "
+        lines.append(f"| {r['seed']} | {_fmt(r['no_tool'])} | {_fmt(r['sft'])} | {_fmt(r['final'])} "
+                     f"| {_fmt(r['two_search'])} | {_fmt(r['sft1'])} "
                      f"| {_fmt(r['final1'])} | {r['calls_sft']:.2f} | {r['calls_final']:.2f} | {r['rl_s']:.0f} |")
     ok = statistics.mean(lift) >= 0.30 and max(r["rl_s"] for r in rows) <= 900
     lines += ["", f"Two-hop EM lift from RL: **{ms(lift)}** over {len(rows)} seed(s) "
@@ -92,13 +124,14 @@ def rl_matters(args, lines: list[str]):
 
 
 def algorithms(args, lines: list[str]):
-    from agent_r1_tutorial.speedrun import run_speedrun
+    from agent_r1_tutorial.speedrun import build_suite, run_speedrun
     from agent_r1_tutorial.trainer import ALGORITHMS
 
     seed = args.seeds[0]
     base_cfg = _cfg(args.preset, args.set, seed=seed, threads=args.threads)
+    suite = build_suite(base_cfg)  # the same worlds for every algorithm: embed them once
     base = Path(args.out) / f"algorithms-s{seed}-sft"
-    run_speedrun(base_cfg, base, progress=not args.quiet, stages=["data", "sft"])
+    run_speedrun(base_cfg, base, progress=not args.quiet, stages=["data", "sft"], suite=suite)
     lines += ["## Algorithms at the same budget, from the same SFT checkpoint", "",
               f"{base_cfg.rl_steps} RL steps of {base_cfg.prompts_per_step} prompts × {base_cfg.group_size} episodes "
               "(PPO and REINFORCE++ in verl use one response per prompt; here every algorithm gets the same episodes).", "",
@@ -109,7 +142,7 @@ def algorithms(args, lines: list[str]):
         if not d.exists():  # start from a copy of the shared SFT stage
             shutil.copytree(base, d)
             (d / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
-        ev = run_speedrun(cfg, d, progress=not args.quiet)
+        ev = run_speedrun(cfg, d, progress=not args.quiet, suite=suite)
         f = ev["final"]
         lines.append(f"| {alg} | {_fmt(f.get('em/1-hop', float('nan')))} | {_fmt(f.get('em/2-hop', float('nan')))} "
                      f"| {f['tool_calls']:.2f} | {_total(d).get('rl', 0.0):.0f} |")
@@ -125,6 +158,9 @@ def main(argv=None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--out", default=str(ROOT / "runs" / "bench"))
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
+    ap.add_argument("--sft-from", default=None, metavar="DIR",
+                    help="rl-matters: start from the SFT stage of DIR/rl-matters-s<seed> (a run of the same data and "
+                    "SFT settings), to compare RL settings without repeating SFT")
     args = ap.parse_args(argv)
     try:
         args.seeds = [int(s) for s in args.seeds.split(",")]

@@ -11,6 +11,7 @@ phrased as in training ("Where was X born?", "Who leads the employer of X?", ...
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 from pathlib import Path
@@ -45,8 +46,12 @@ def main(argv=None) -> int:
     for d in world.passages():
         print("  " + d["text"])
 
+    cfg_file = run / "config.json"  # search as the run was trained: the same number of passages per search
+    k = json.loads(cfg_file.read_text()).get("search_k", 1) if (run / "sft_model").exists() and cfg_file.exists() else 1
+    print(f"search: {args.retriever}, {k} passage(s) per query, as in training")
+
     def show(question, gold=None):
-        rec = ask(model, tok, world, question, args.retriever, answer=gold)
+        rec = ask(model, tok, world, question, args.retriever, answer=gold, k=k)
         print(f"\n> {question}")
         for i, t in enumerate(rec["turns"], 1):
             print(f"  [agent, turn {i}] " + t["response"].replace("\n", "\n                   "))

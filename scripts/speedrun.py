@@ -27,7 +27,7 @@ PRESETS = ("tiny", "ci")
 # The pipeline, stage by stage, with the chapter that builds each. `None` means not built yet.
 STAGES = {
     "tiny": [
-        ("data", "build the tokenizer and the generated worlds (train and held-out)", "11 · The tiny speedrun"),
+        ("data", "the generated worlds (train and held-out), their search index, the tokenizer", "11 · The tiny speedrun"),
         ("sft", "SFT warm start on scripted expert trajectories, loss masked to the agent's tokens", "11 · The tiny speedrun"),
         ("rl", "RL with the reference trainer (the chosen algorithm)", "11 · The tiny speedrun"),
         ("eval", "evaluation on held-out worlds, baselines beside it", "11 · The tiny speedrun"),

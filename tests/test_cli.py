@@ -97,7 +97,7 @@ def test_speedrun_names_an_unknown_config_field(tmp_path):
 
 def test_speedrun_tiny_end_to_end(tmp_path):
     "The CI preset of the real pipeline through the README command: every stage, the report card, reloadable models."
-    code, out, err = run(["speedrun.sh", "--preset", "ci", "--out", str(tmp_path)], timeout=1800)
+    code, out, err = run(["speedrun.sh", "--preset", "ci", "--out", str(tmp_path), "--set", "search_k=2"], timeout=1800)
     assert code == 0, out + err
     (run_dir,) = tmp_path.iterdir()
     assert run_dir.name == "tiny-search-grpo-s0-ci"
@@ -115,6 +115,7 @@ def test_speedrun_tiny_end_to_end(tmp_path):
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0 and "never seen in training" in res.stdout and "[agent, turn 1]" in res.stdout, res
     assert res.stdout.count("gold:") == 2 and "Traceback" not in res.stderr
+    assert "2 passage(s) per query" in res.stdout  # the run's search_k (config.json), not the chat's default of 1
     # a finished run is kept: the same command starts a new folder beside it
     code, out, err = run(["speedrun.sh", "--preset", "ci", "--out", str(tmp_path), "--set", "rl_steps=1"],
                          timeout=1800)

@@ -1,8 +1,11 @@
 """The tiny speedrun's data and pieces (chapter 11): worlds, questions, the expert, configuration, the report."""
 import json
 import random
+import subprocess
+import sys
 
 import pytest
+from conftest import ROOT
 from hypothesis import given, settings, strategies as st
 
 from agent_r1_tutorial.speedrun import (
@@ -102,3 +105,23 @@ def test_report_from_a_run_folder(tmp_path):
     text = write_report(tmp_path).read_text()
     assert "| SFT + grpo | 0.500 | 0.750 | 0.375 | 1.50 | 2.50 |" in text
     assert "| **total** | **10.0** |" in text and "900 agent tokens/s" in text
+
+
+def test_bench_rl_matters_reuses_sft_and_refuses_a_different_one(tmp_path):
+    "The RL-matters benchmark at CI size: its table, then other RL settings from the same SFT stage (not re-run)."
+    bench = [sys.executable, "scripts/bench_speedrun.py", "rl-matters", "--seeds", "0", "--preset", "ci", "--quiet",
+             "--set", "retriever=bm25", "--set", "sft_hops=1,2", "--set", "sft_two_hop_share=0.5"]
+    res = subprocess.run([*bench, "--out", str(tmp_path / "a")], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "50% of the two-hop ones" in res.stdout and "Two-hop EM lift from RL" in res.stdout
+    sft_log = (tmp_path / "a" / "rl-matters-s0" / "sft.jsonl").read_text()
+    res = subprocess.run([*bench, "--set", "process_reward=0.5", "--sft-from", str(tmp_path / "a"),
+                          "--out", str(tmp_path / "b")], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "process reward 0.5" in res.stdout
+    b = tmp_path / "b" / "rl-matters-s0"
+    assert (b / "sft.jsonl").read_text() == sft_log  # the SFT stage was copied, not trained again
+    assert json.loads((b / "config.json").read_text())["process_reward"] == 0.5 and (b / "final_model").exists()
+    res = subprocess.run([*bench, "--set", "sft_steps=3", "--sft-from", str(tmp_path / "a"), "--out", str(tmp_path / "c")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert res.returncode != 0 and "differs in ['sft_steps']" in res.stderr and "Traceback" not in res.stderr
