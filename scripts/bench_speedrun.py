@@ -140,8 +140,7 @@ def algorithms(args, lines: list[str]):
         cfg = _cfg(args.preset, args.set, seed=seed, threads=args.threads, algorithm=alg)
         d = Path(args.out) / f"algorithms-s{seed}-{alg}"
         if not d.exists():  # start from a copy of the shared SFT stage
-            shutil.copytree(base, d)
-            (d / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
+            _copy_sft(base, d, cfg)
         ev = run_speedrun(cfg, d, progress=not args.quiet, suite=suite)
         f = ev["final"]
         lines.append(f"| {alg} | {_fmt(f.get('em/1-hop', float('nan')))} | {_fmt(f.get('em/2-hop', float('nan')))} "

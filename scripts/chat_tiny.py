@@ -47,7 +47,7 @@ def main(argv=None) -> int:
         print("  " + d["text"])
 
     cfg_file = run / "config.json"  # search as the run was trained: the same number of passages per search
-    k = json.loads(cfg_file.read_text()).get("search_k", 1) if (run / "sft_model").exists() and cfg_file.exists() else 1
+    k = json.loads(cfg_file.read_text()).get("search_k", 1) if cfg_file.exists() else 1  # a model's config has none
     print(f"search: {args.retriever}, {k} passage(s) per query, as in training")
 
     def show(question, gold=None):
