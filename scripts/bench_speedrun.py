@@ -2,16 +2,18 @@
 """The tiny speedrun's targets, measured (chapter 11). Prints the figures and writes them to <out>/bench.md.
 
     python scripts/bench_speedrun.py headline                 # random init -> EM per hop, total wall time
-    python scripts/bench_speedrun.py rl-matters --seeds 0,1,2 # SFT on one-hop only, then RL on the mix
+    python scripts/bench_speedrun.py rl-matters --seeds 0,1,2 # SFT on one-hop only (see --set), then RL on the mix
     python scripts/bench_speedrun.py algorithms               # GRPO, PPO, REINFORCE++, RLOO, StepPO from one SFT start
+                                                              # (--algorithms rloo,steppo: only those)
     python scripts/bench_speedrun.py all
 
 Targets (issue 6): headline >= 0.95 EM on held-out one-hop and two-hop questions each in <= 600 s on 2 CPU cores,
-all stages included; RL lifts held-out two-hop EM by >= 0.30 over its one-hop SFT start within <= 900 s of RL,
-mean +- std over 3 seeds, beside the no-tool and SFT-only baselines. Any SpeedrunConfig field can be changed with
---set KEY=VALUE; for instance `rl-matters --set sft_hops=1,2 --set sft_two_hop_share=0.02` demonstrates a few two-hop
-episodes instead of none. Runs resume: a killed benchmark started again with the same --out continues where it
-stopped.
+all stages included; RL lifts held-out two-hop EM by >= 0.30 over its SFT start within <= 900 s of RL, mean +- std
+over 3 seeds, beside the no-tool and SFT-only baselines. Any SpeedrunConfig field can be changed with --set KEY=VALUE;
+for instance `rl-matters --set sft_hops=1,2 --set sft_two_hop_share=0.02` demonstrates a few two-hop episodes instead
+of none, and `--set sft_hops=1,2 --set sft_two_hop_stop=0.7` demonstrates every two-hop question but has the expert
+answer 70% of them after one search (chapter 11, section 15, where RL then matters). Runs resume: a killed benchmark
+started again with the same --out continues where it stopped.
 """
 from __future__ import annotations
 
@@ -88,6 +90,13 @@ def _copy_sft(src: Path, dst: Path, cfg):
         (dst / name).write_text(json.dumps(data, indent=1))
 
 
+def _two_search(run_dir: Path) -> float:
+    "The share of held-out two-hop questions answered right after two or more searches (the skill, not a guess)."
+    # a right two-hop answer after one search is a guess (a world has three cities), not the skill
+    two = [r for r in map(json.loads, (run_dir / "episodes.jsonl").read_text().splitlines()) if r["kind"] == "2-hop"]
+    return sum(r["tool_calls"] >= 2 and r["reward"] == 1.0 for r in two) / max(1, len(two))
+
+
 def rl_matters(args, lines: list[str]):
     from agent_r1_tutorial.speedrun import run_speedrun
 
@@ -98,17 +107,18 @@ def rl_matters(args, lines: list[str]):
         if args.sft_from and not d.exists():
             _copy_sft(Path(args.sft_from) / f"rl-matters-s{seed}", d, cfg)
         ev = run_speedrun(cfg, d, progress=not args.quiet)
-        two = [r for r in map(json.loads, (d / "episodes.jsonl").read_text().splitlines()) if r["kind"] == "2-hop"]
         rows.append({"seed": seed, "no_tool": ev["no_tool"].get("em/2-hop", 0.0), "sft": ev["sft"].get("em/2-hop", 0.0),
                      "final": ev["final"].get("em/2-hop", 0.0), "final1": ev["final"].get("em/1-hop", 0.0),
                      "sft1": ev["sft"].get("em/1-hop", 0.0), "calls_sft": ev["sft"]["tool_calls"],
                      "calls_final": ev["final"]["tool_calls"], "rl_s": _total(d).get("rl", 0.0),
-                     # a right two-hop answer after one search is a guess (a world has three cities), not the skill
-                     "two_search": sum(r["tool_calls"] >= 2 and r["reward"] == 1.0 for r in two) / max(1, len(two))})
+                     "two_search": _two_search(d)})
     lift = [r["final"] - r["sft"] for r in rows]
     ms = lambda xs: f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs) if len(xs) > 1 else 0.0:.3f}"
     demos = ("one-hop demonstrations only" if cfg.sft_hops == (1,) else
              f"one-hop demonstrations and {cfg.sft_two_hop_share:.0%} of the two-hop ones")
+    if cfg.sft_two_hop_stop and 2 in cfg.sft_hops:
+        demos += (f", {cfg.sft_two_hop_stop:.0%} of which a flawed expert answers after one search "
+                  "(with the bridge entity: wrong)")
     lines += [f"## RL matters: SFT on {demos}; RL ({cfg.algorithm}, {cfg.rl_steps} steps, lr {cfg.rl_lr:g}, "
               f"process reward {cfg.process_reward:g}, temperature {cfg.temperature:g}) on the one- and two-hop mix", "",
               "| seed | no-tool 2-hop | SFT 2-hop | SFT+RL 2-hop | SFT+RL 2-hop right after 2+ searches | SFT 1-hop "
@@ -127,16 +137,24 @@ def algorithms(args, lines: list[str]):
     from agent_r1_tutorial.speedrun import build_suite, run_speedrun
     from agent_r1_tutorial.trainer import ALGORITHMS
 
+    chosen = args.algorithms.split(",") if args.algorithms else ["grpo", *[a for a in ALGORITHMS if a != "grpo"]]
+    bad = [a for a in chosen if a not in ALGORITHMS]
+    if bad:
+        raise SystemExit(f"error: unknown algorithm(s) {bad}; choose from {list(ALGORITHMS)}")
     seed = args.seeds[0]
     base_cfg = _cfg(args.preset, args.set, seed=seed, threads=args.threads)
     suite = build_suite(base_cfg)  # the same worlds for every algorithm: embed them once
     base = Path(args.out) / f"algorithms-s{seed}-sft"
-    run_speedrun(base_cfg, base, progress=not args.quiet, stages=["data", "sft"], suite=suite)
+    start = run_speedrun(base_cfg, base, progress=not args.quiet, stages=["data", "sft"], suite=suite)["sft"]
     lines += ["## Algorithms at the same budget, from the same SFT checkpoint", "",
               f"{base_cfg.rl_steps} RL steps of {base_cfg.prompts_per_step} prompts × {base_cfg.group_size} episodes "
-              "(PPO and REINFORCE++ in verl use one response per prompt; here every algorithm gets the same episodes).", "",
-              "| algorithm | EM 1-hop | EM 2-hop | tool calls | RL wall s |", "|---|---|---|---|---|"]
-    for alg in ["grpo", *[a for a in ALGORITHMS if a != "grpo"]]:
+              f"at lr {base_cfg.rl_lr:g}, process reward {base_cfg.process_reward:g} (PPO and REINFORCE++ in verl use one "
+              "response per prompt; here every algorithm gets the same episodes).", "",
+              "| algorithm | EM 1-hop | EM 2-hop | 2-hop right after 2+ searches | tool calls | RL wall s |",
+              "|---|---|---|---|---|---|",
+              f"| (SFT start) | {_fmt(start.get('em/1-hop', float('nan')))} | {_fmt(start.get('em/2-hop', float('nan')))} "
+              f"| | {start['tool_calls']:.2f} | |"]
+    for alg in chosen:
         cfg = _cfg(args.preset, args.set, seed=seed, threads=args.threads, algorithm=alg)
         d = Path(args.out) / f"algorithms-s{seed}-{alg}"
         if not d.exists():  # start from a copy of the shared SFT stage
@@ -144,7 +162,7 @@ def algorithms(args, lines: list[str]):
         ev = run_speedrun(cfg, d, progress=not args.quiet, suite=suite)
         f = ev["final"]
         lines.append(f"| {alg} | {_fmt(f.get('em/1-hop', float('nan')))} | {_fmt(f.get('em/2-hop', float('nan')))} "
-                     f"| {f['tool_calls']:.2f} | {_total(d).get('rl', 0.0):.0f} |")
+                     f"| {_fmt(_two_search(d))} | {f['tool_calls']:.2f} | {_total(d).get('rl', 0.0):.0f} |")
     lines.append("")
 
 
@@ -160,6 +178,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sft-from", default=None, metavar="DIR",
                     help="rl-matters: start from the SFT stage of DIR/rl-matters-s<seed> (a run of the same data and "
                     "SFT settings), to compare RL settings without repeating SFT")
+    ap.add_argument("--algorithms", default=None, metavar="A,B",
+                    help="algorithms: run only these (comma-separated; default all), e.g. to split the work")
     args = ap.parse_args(argv)
     try:
         args.seeds = [int(s) for s in args.seeds.split(",")]

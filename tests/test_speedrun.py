@@ -62,10 +62,14 @@ def test_expert_without_search_gets_nothing_right(tok):
 
 def test_process_reward_pays_retrieval_hits_only(tok):
     split = make_split(3, 2, seed=7, hops=(2,))
-    envs = WorldSearch(split.worlds, "bm25", process_reward=0.25)
+    envs = WorldSearch(split.worlds, "bm25", k=1, process_reward=0.25)
     trajs = play(ScriptedBackend(tok, search_expert), tok, split.tasks, envs, SamplingParams(max_new_tokens=128))
-    for t in trajs:  # both searches of a two-hop episode hit the chain
+    for t in trajs:  # both searches of a two-hop episode find a new passage of the chain
         assert [s.reward for s in t.steps] == [0.25, 0.25, 0.0]
+    # with two passages per search, the first search can already retrieve both chain passages: the second pays nothing
+    wide = play(ScriptedBackend(tok, search_expert), tok, split.tasks, WorldSearch(split.worlds, "bm25", k=2,
+                process_reward=0.25), SamplingParams(max_new_tokens=128))
+    assert all(t.steps[0].reward == 0.25 and sum(s.reward for s in t.steps) <= 0.5 for t in wide)
 
 
 def test_arith_expert_and_bad_problems(tok):
@@ -110,10 +114,11 @@ def test_report_from_a_run_folder(tmp_path):
 def test_bench_rl_matters_reuses_sft_and_refuses_a_different_one(tmp_path):
     "The RL-matters benchmark at CI size: its table, then other RL settings from the same SFT stage (not re-run)."
     bench = [sys.executable, "scripts/bench_speedrun.py", "rl-matters", "--seeds", "0", "--preset", "ci", "--quiet",
-             "--set", "retriever=bm25", "--set", "sft_hops=1,2", "--set", "sft_two_hop_share=0.5"]
+             "--set", "retriever=bm25", "--set", "sft_hops=1,2", "--set", "sft_two_hop_share=0.5", "--set", "sft_two_hop_stop=0.5"]
     res = subprocess.run([*bench, "--out", str(tmp_path / "a")], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "50% of the two-hop ones" in res.stdout and "Two-hop EM lift from RL" in res.stdout
+    assert "50% of the two-hop ones, 50% of which a flawed expert answers after one search" in res.stdout
+    assert "Two-hop EM lift from RL" in res.stdout
     sft_log = (tmp_path / "a" / "rl-matters-s0" / "sft.jsonl").read_text()
     res = subprocess.run([*bench, "--set", "process_reward=0.5", "--sft-from", str(tmp_path / "a"),
                           "--out", str(tmp_path / "b")], cwd=ROOT, capture_output=True, text=True, timeout=900)
@@ -125,3 +130,14 @@ def test_bench_rl_matters_reuses_sft_and_refuses_a_different_one(tmp_path):
     res = subprocess.run([*bench, "--set", "sft_steps=3", "--sft-from", str(tmp_path / "a"), "--out", str(tmp_path / "c")],
                          cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert res.returncode != 0 and "differs in ['sft_steps']" in res.stderr and "Traceback" not in res.stderr
+    res = subprocess.run([*bench, "--set", "sft_two_hop_stop=0.2", "--sft-from", str(tmp_path / "a"),
+                          "--out", str(tmp_path / "d")], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert res.returncode != 0 and "differs in ['sft_two_hop_stop']" in res.stderr  # other demonstrations: refused
+
+
+def test_bench_algorithms_refuses_an_unknown_algorithm(tmp_path):
+    res = subprocess.run([sys.executable, "scripts/bench_speedrun.py", "algorithms", "--algorithms", "grpo,a2c",
+                          "--preset", "ci", "--quiet", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode != 0 and "unknown algorithm(s) ['a2c']" in res.stderr and "Traceback" not in res.stderr
+    assert not any(tmp_path.iterdir())  # refused before any work
