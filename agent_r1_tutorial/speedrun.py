@@ -555,7 +555,7 @@ def build_suite(cfg: SpeedrunConfig, encoder: CachedEncoder | None = None) -> Su
                  lambda ctx: search_expert(ctx, think=cfg.think, stop_early=stop, salt=salt),
                  [d["text"] for w in tr.worlds for d in w.passages()],
                  lambda rng: search_drill(tr.worlds, rng, cfg.search_k), time.perf_counter() - t0,
-                 flawed=lambda t: stops_early(t["question"], stop, salt) if stop else False)
+                 flawed=lambda t: stops_early(t["question"], stop, salt))
 
 # %% ../nbs/11_speedrun.ipynb #ec2e4fac
 def expert_trajectories(suite: Suite, tokenizer, tasks: Sequence[dict] | None = None) -> list:

@@ -91,8 +91,7 @@ def _copy_sft(src: Path, dst: Path, cfg):
 
 
 def _two_search(run_dir: Path) -> float:
-    "The share of held-out two-hop questions answered right after two or more searches (the skill, not a guess)."
-    # a right two-hop answer after one search is a guess (a world has three cities), not the skill
+    "The share of held-out two-hop questions answered right after 2+ searches (one search and a right city is a guess)."
     two = [r for r in map(json.loads, (run_dir / "episodes.jsonl").read_text().splitlines()) if r["kind"] == "2-hop"]
     return sum(r["tool_calls"] >= 2 and r["reward"] == 1.0 for r in two) / max(1, len(two))
 

@@ -70,6 +70,13 @@ def test_process_reward_pays_retrieval_hits_only(tok):
     wide = play(ScriptedBackend(tok, search_expert), tok, split.tasks, WorldSearch(split.worlds, "bm25", k=2,
                 process_reward=0.25), SamplingParams(max_new_tokens=128))
     assert all(t.steps[0].reward == 0.25 and sum(s.reward for s in t.steps) <= 0.5 for t in wide)
+    assert any(t.steps[1].reward == 0.0 for t in wide)  # a second search that only re-finds a paid passage: unpaid
+    # the same search twice in one episode pays once; a new episode of the same environment pays again
+    task, env = split.tasks[0], envs(split.tasks[0])
+    call = '<tool_call>\n{"name": "search", "arguments": {"query": "%s"}}\n</tool_call>' % task["chain"][0]
+    for _ in range(2):
+        env.reset(**task)
+        assert [env.step(call)[1] for _ in range(2)] == [0.25, 0.0]
 
 
 def test_arith_expert_and_bad_problems(tok):
