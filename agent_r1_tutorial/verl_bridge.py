@@ -159,7 +159,7 @@ async def run_agent_episode(
     cut = max(0, len(context) - max_prompt_length) if max_prompt_length else 0
     context = context[cut:]
     start = len(context)  # where the current growing row's response begins
-    steps, outcome, gen_s, env_s, preempted = [], None, 0.0, time.perf_counter() - t0, 0
+    steps, outcome, gen_s, env_s, preempted, versions = [], None, 0.0, time.perf_counter() - t0, 0, {}
     for turn in itertools.count():
         room = max_response_length - (len(context) - start)
         t = time.perf_counter()
@@ -167,6 +167,13 @@ async def run_agent_episode(
                                             sampling_params={**base, "max_tokens": room})
         gen_s += time.perf_counter() - t
         preempted += getattr(out, "num_preempted", None) or 0
+        # which weights sampled this turn: verl's v1 trainer reads the first and last version of every episode
+        # (its staleness metrics); a server that reports none leaves them unset
+        ef = getattr(out, "extra_fields", None) or {}
+        version = ef.get("max_global_steps", ef.get("global_steps"))
+        if turn == 0:
+            versions["min_global_steps"] = ef.get("min_global_steps", ef.get("global_steps"))
+        versions["max_global_steps"] = version
         ids = [int(i) for i in out.token_ids][:room]  # a server never returns more; if it did, the budget wins
         if not ids:
             raise RuntimeError(f"episode {rid}: the server returned no tokens (stop reason {out.stop_reason!r})")
@@ -211,7 +218,7 @@ async def run_agent_episode(
         obs, context = new_obs, nxt
     meta = {"request_id": rid, "generate_s": gen_s, "env_s": env_s, "num_preempted": preempted,
             "outcome_from_env": outcome is not None, "prompt_truncated": cut,
-            "has_logprobs": all(s.info["has_logprobs"] for s in steps)}
+            "has_logprobs": all(s.info["has_logprobs"] for s in steps), **versions}
     return Trajectory(steps, outcome_reward=outcome or 0.0, uid=rid, group="", metadata=meta)
 
 # %% ../nbs/12_verl.ipynb #df7f1823
@@ -262,6 +269,7 @@ def episode_outputs(
         "num_tool_calls": sum(int(s.info.get("n_calls") or 0) for s in traj.steps),
         "num_invalid_calls": sum(int(s.info.get("n_invalid_calls") or 0) for s in traj.steps),
     }
+    versions = {k: m.get(k) for k in ("min_global_steps", "max_global_steps")}  # weight versions, for verl's v1 tags
     metrics = {"generate_sequences": float(m.get("generate_s", 0.0)), "tool_calls": float(m.get("env_s", 0.0)),
                "num_preempted": int(m.get("num_preempted", -1))}
     outs = []
@@ -272,7 +280,7 @@ def episode_outputs(
         outs.append({"prompt_ids": list(r["prompt_ids"]), "response_ids": resp, "response_mask": mask,
                      "response_logprobs": lps if has_lp else None, "num_turns": 2 * traj.num_steps,
                      "metrics": dict(metrics), "reward_score": None,
-                     "extra_fields": {**common, "row_index": i, "num_rows": len(rows)}})
+                     "extra_fields": {**common, "row_index": i, "num_rows": len(rows), **versions}})
     last = outs[-1]
     if m.get("outcome_from_env"):  # the environment judged the outcome: verl must not score it again
         last["reward_score"] = float(traj.outcome_reward)
@@ -317,6 +325,7 @@ class LocalServerManager:
 
             self.output_cls = TokenOutput
         self.calls: list[dict] = []  # every call: request_id, prompt_ids, token_ids, log_probs
+        self.global_steps: int | None = None  # the version of the weights, reported as verl's servers report it
 
     async def generate(self, request_id, *, prompt_ids, sampling_params, image_data=None, video_data=None,
                        audio_data=None, mm_processor_kwargs=None, **kwargs):
@@ -338,7 +347,8 @@ class LocalServerManager:
         lps = list(g.logprobs) if sp.get("logprobs", True) else None
         self.calls.append({"request_id": request_id, "prompt_ids": list(prompt_ids), "token_ids": list(g.token_ids),
                            "log_probs": lps})
-        return self.output_cls(token_ids=list(g.token_ids), log_probs=lps, stop_reason="completed", num_preempted=0)
+        return self.output_cls(token_ids=list(g.token_ids), log_probs=lps, stop_reason="completed", num_preempted=0,
+                               extra_fields={"global_steps": self.global_steps})
 
 # %% ../nbs/12_verl.ipynb #50f67bf9
 _LOOP_CLASS: list = []  # the verl agent-loop class, created once per process
