@@ -94,13 +94,13 @@ def tool_specs(args) -> dict:
 
 
 def prompt_template(args, tools: list[str]) -> str:
-    from agent_r1_tutorial import verl_bridge as vb
+    from agent_r1_tutorial import verl_data as vd
 
     name = args.template
     if name == "auto":
         name = "hotpotqa" if "search" in tools else "gsm8k" if tools == ["calculator"] else "plain"
     t = TEMPLATES[name]
-    return getattr(vb, t) if t.isupper() else t
+    return getattr(vd, t) if t.isupper() else t
 
 
 class OpenAICompletionsServer:

@@ -33,12 +33,12 @@ STAGES = {
         ("eval", "evaluation on held-out worlds, baselines beside it", "11 · The tiny speedrun"),
     ],
     "full": [
-        ("preflight", "GPU count and memory, CUDA driver, disk, Python", "12 · verl at scale"),
-        ("env", "the pinned GPU stack (verl 0.9.1, vLLM, faiss-gpu)", "12 · verl at scale"),
-        ("data", "HotpotQA download and verl parquet rows", "12 · verl at scale"),
-        ("index", "bge-large-en-v1.5 embeddings and a FAISS index of the corpus", "12 · verl at scale"),
-        ("train", "verl training with this package's agent loop, estimators and losses", "12 · verl at scale"),
-        ("eval", "EM and F1 on the HotpotQA dev sample", "12 · verl at scale"),
+        ("preflight", "GPU count and memory, CUDA driver, disk, Python", "14 · verl launch and dry run"),
+        ("env", "the pinned GPU stack (verl 0.9.1, vLLM, faiss-gpu)", "14 · verl launch and dry run"),
+        ("data", "HotpotQA download and verl parquet rows", "13 · verl data and index"),
+        ("index", "bge-large-en-v1.5 embeddings and a FAISS index of the corpus", "13 · verl data and index"),
+        ("train", "verl training with this package's agent loop, estimators and losses", "14 · verl launch and dry run"),
+        ("eval", "EM and F1 on the HotpotQA dev sample", "14 · verl launch and dry run"),
     ],
 }
 BUILT: dict[str, object] = {}  # stage key "scale/name" -> callable(run_dir, args); filled in as chapters land
@@ -74,7 +74,7 @@ def parser() -> argparse.ArgumentParser:
     tiny.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     tiny.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="tiny_set",
                       help="any SpeedrunConfig field, e.g. --set rl_steps=50 --set sft_hops=1 (repeatable)")
-    full = ap.add_argument_group("full scale (verl on NVIDIA GPUs); defaults as in agent_r1_tutorial.verl_bridge")
+    full = ap.add_argument_group("full scale (verl on NVIDIA GPUs); defaults as in agent_r1_tutorial.verl_launch")
     full.add_argument("--gpus", type=int, default=None, help="GPUs per node (default 4)")
     full.add_argument("--nnodes", type=int, default=None, help="nodes (default 1); more than one needs --head")
     full.add_argument("--head", default=None, metavar="ADDRESS", help="the Ray head node's IP address (multi-node)")
@@ -265,7 +265,7 @@ def tiny_stage(name: str):
 BUILT.update({f"tiny/{n}": tiny_stage(n) for n in ("data", "sft", "rl", "eval")})
 
 
-# ---------------------------------------------------------------- the full scale (chapter 12 · verl at scale)
+# ---------------------------------------------------------------- the full scale (chapters 12 to 14 · verl at scale)
 # Each stage takes (run_dir, args) and returns its status. The library is imported inside the stages: the first call
 # of this script (speedrun.sh's input check) runs before any environment exists, with the standard library only.
 
@@ -325,19 +325,19 @@ def _index_dir(run_dir, args) -> Path:
 
 def full_data(run_dir, args) -> str:
     "HotpotQA, downloaded once and sampled with the seed into verl parquet rows (a local sample in the dry run)."
-    from agent_r1_tutorial import verl_bridge as vb
+    from agent_r1_tutorial import verl_data as vd
 
     out = Path(run_dir) / "data"
     if args.dry_run:
-        train, dev = vb.hotpotqa_toy_sample(64, seed=0), vb.hotpotqa_toy_sample(16, seed=1)
+        train, dev = vd.hotpotqa_toy_sample(64, seed=0), vd.hotpotqa_toy_sample(16, seed=1)
         source = "local sample in HotpotQA's format (no download in a dry run)"
         n_train, n_val = args.n_train or 32, args.n_val or 8
     else:
-        raw = vb.download_hotpotqa(Path(args.data_dir) / "raw")
-        train, dev = vb.load_hotpotqa(raw["train"]), vb.load_hotpotqa(raw["dev"])
+        raw = vd.download_hotpotqa(Path(args.data_dir) / "raw")
+        train, dev = vd.load_hotpotqa(raw["train"]), vd.load_hotpotqa(raw["dev"])
         source = "HotpotQA v1.1 (train, dev distractor)"
         n_train, n_val = args.n_train or 25_600, args.n_val or 128
-    paths = vb.prepare_hotpotqa(out, train, dev, n_train=n_train, n_val=n_val, seed=args.seed, source=source,
+    paths = vd.prepare_hotpotqa(out, train, dev, n_train=n_train, n_val=n_val, seed=args.seed, source=source,
                                 search_index_dir=str(_index_dir(run_dir, args)))
     _say(f"{n_train} training and {n_val} validation rows from {source}: {paths['train'].parent}")
     return "done (sample)" if args.dry_run else "done"
@@ -345,24 +345,24 @@ def full_data(run_dir, args) -> str:
 
 def full_index(run_dir, args) -> str:
     "The retrieval index: BEIR's HotpotQA corpus with bge-large on the GPU (cached); MiniLM on a few passages when dry."
-    from agent_r1_tutorial import verl_bridge as vb
+    from agent_r1_tutorial import verl_data as vd
 
     out = _index_dir(run_dir, args)
     if args.dry_run:
-        passages = vb.hotpotqa_passages(vb.hotpotqa_toy_sample(64, seed=0) + vb.hotpotqa_toy_sample(16, seed=1))
-        vb.build_corpus_index(passages, out, encoder="all-MiniLM-L6-v2", device="cpu", progress=False)
+        passages = vd.hotpotqa_passages(vd.hotpotqa_toy_sample(64, seed=0) + vd.hotpotqa_toy_sample(16, seed=1))
+        vd.build_corpus_index(passages, out, encoder="all-MiniLM-L6-v2", device="cpu", progress=False)
         _say(f"{len(passages)} passages with all-MiniLM-L6-v2 in a flat FAISS index: {out}\n"
              "(full scale: ~5.2M BEIR passages with BAAI/bge-large-en-v1.5 on the GPU)")
         return "done (small)"
-    corpus = vb.download(vb.BEIR_HOTPOTQA_URL, Path(args.data_dir) / "raw" / "beir-hotpotqa.zip")
-    vb.build_corpus_index(vb.beir_corpus(corpus), out, encoder="BAAI/bge-large-en-v1.5", device="cuda",
+    corpus = vd.download(vd.BEIR_HOTPOTQA_URL, Path(args.data_dir) / "raw" / "beir-hotpotqa.zip")
+    vd.build_corpus_index(vd.beir_corpus(corpus), out, encoder="BAAI/bge-large-en-v1.5", device="cuda",
                           batch_size=256)
     _say(f"index: {out}")
     return "done"
 
 
 def _run_config(run_dir, args):
-    from agent_r1_tutorial import verl_bridge as vb
+    from agent_r1_tutorial import verl_launch as vl
 
     data = Path(run_dir) / "data"
     knobs = dict(algorithm=args.algorithm, train_files=str(data / "train.parquet"),
@@ -374,18 +374,18 @@ def _run_config(run_dir, args):
         if getattr(args, opt) is not None:
             knobs[key] = getattr(args, opt)
     try:
-        return vb.VerlRunConfig(**knobs)
+        return vl.VerlRunConfig(**knobs)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
 
 
 def full_train(run_dir, args) -> str:
     "Compose and validate verl's configuration, write it and the launch command; on GPUs, launch."
-    from agent_r1_tutorial import verl_bridge as vb
+    from agent_r1_tutorial import verl_launch as vl
 
     run_dir = Path(run_dir)
     run = _run_config(run_dir, args)
-    cfg = vb.compose_verl_config(vb.verl_overrides(run))
+    cfg = vl.compose_verl_config(vl.verl_overrides(run))
     stand_in = tiny = None
     if args.dry_run:
         from agent_r1_tutorial.tinylm import build_tiny_lm
@@ -400,15 +400,15 @@ def full_train(run_dir, args) -> str:
             tiny[0].save_pretrained(stand_in)
             tiny[1].save_pretrained(stand_in)
     try:
-        check = vb.validate_verl_config(cfg, model_path=str(stand_in) if stand_in else None)
+        check = vl.validate_verl_config(cfg, model_path=str(stand_in) if stand_in else None)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     from omegaconf import OmegaConf
 
     (run_dir / "verl_config.yaml").write_text(OmegaConf.to_yaml(cfg))
     (run_dir / "validation.json").write_text(json.dumps(check, indent=1))
-    cmds = vb.launch_commands(run, head_address=args.head)
-    script = ["#!/usr/bin/env bash", f"# {args.algorithm}: generated by speedrun.py from agent_r1_tutorial.verl_bridge",
+    cmds = vl.launch_commands(run, head_address=args.head)
+    script = ["#!/usr/bin/env bash", f"# {args.algorithm}: generated by speedrun.py from agent_r1_tutorial.verl_launch",
               "set -euo pipefail", f"cd {shlex.quote(str(ROOT))}"]
     for step, cmd in cmds.items():
         script += ["", f"# {step}", cmd]
@@ -453,11 +453,12 @@ def _scripted_searcher(row: dict):
 
 def _dry_run_agent_loop(run_dir, cfg, tokenizer, model):
     "One episode of our agent loop, built as verl's worker builds it, on the tiny model; one scripted, with a search."
-    from agent_r1_tutorial import verl_bridge as vb
+    from agent_r1_tutorial import verl_data as vd
+    from agent_r1_tutorial import verl_launch as vl
 
-    row = vb.read_rows(Path(run_dir) / "data" / "train.parquet")[0]
-    results = {"tiny model": vb.agent_loop_dry_run(cfg, row, tokenizer, model, response_length=128),
-               "scripted searcher": vb.agent_loop_dry_run(cfg, row, tokenizer, policy=_scripted_searcher(row),
+    row = vd.read_rows(Path(run_dir) / "data" / "train.parquet")[0]
+    results = {"tiny model": vl.agent_loop_dry_run(cfg, row, tokenizer, model, response_length=128),
+               "scripted searcher": vl.agent_loop_dry_run(cfg, row, tokenizer, policy=_scripted_searcher(row),
                                                           response_length=1024)}
     (Path(run_dir) / "agent_loop.json").write_text(json.dumps(results, indent=1))
     for who, r in results.items():

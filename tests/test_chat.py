@@ -16,6 +16,7 @@ from conftest import ROOT
 
 import chat
 from agent_r1_tutorial import verl_bridge as vb
+from agent_r1_tutorial import verl_data as vd
 from agent_r1_tutorial.tinylm import build_tiny_lm
 
 torch.set_num_threads(1)
@@ -37,7 +38,7 @@ def index(tmp_path_factory):
     from agent_r1_tutorial.search import BM25Retriever
 
     path = tmp_path_factory.mktemp("index") / "bm25"
-    BM25Retriever(vb.hotpotqa_passages(vb.hotpotqa_toy_sample(8, seed=0))).save(path)
+    BM25Retriever(vd.hotpotqa_passages(vd.hotpotqa_toy_sample(8, seed=0))).save(path)
     return path
 
 
@@ -148,7 +149,7 @@ def test_vllm_backend_runs_the_calculator_live(ckpt, fake_vllm):
 
 
 def test_vllm_backend_searches_the_index_live(ckpt, fake_vllm, index):
-    rec = vb.hotpotqa_toy_sample(8, seed=0)[0]
+    rec = vd.hotpotqa_toy_sample(8, seed=0)[0]
 
     def policy(ctx):
         if "<tool_response>" not in ctx:

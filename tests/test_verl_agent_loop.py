@@ -1,6 +1,6 @@
 """The verl agent loop (chapter 12): environments built from data rows, episodes played token-in/token-out through a
 server manager, both layouts, the response budget, rewards, and the loop constructed and post-processed the way
-verl's agent-loop worker does it, against a CPU server manager backed by the tiny model or a scripted policy.
+verl's agent-loop worker does it (chapter 14), against a CPU server manager backed by the tiny model or a scripted policy.
 
 Tests that need verl are skipped without it; the rest need only the library.
 """
@@ -16,6 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent_r1_tutorial import verl_bridge as vb
+from agent_r1_tutorial import verl_data as vd
+from agent_r1_tutorial import verl_launch as vl
 from agent_r1_tutorial.envs import ToolEnv
 from agent_r1_tutorial.masks import env_suffix_ids
 from agent_r1_tutorial.rewards import compute_score
@@ -42,7 +44,7 @@ def calc_row(a=12, b=5, c=5, max_turns=4):
     "A GSM8K-style row written by the data preparation (one toy record)."
     rec = {"question": f"A shop packs pencils in {a} boxes of {b}. It also has {c} loose pencils. How many pencils "
                        "does it have?", "answer": f"... #### {a * b + c}"}
-    row = vb.gsm8k_rows([rec], "train", max_turns=max_turns)[0]
+    row = vd.gsm8k_rows([rec], "train", max_turns=max_turns)[0]
     return {**row, "raw_prompt": row["prompt"], "tools_kwargs": row["extra_info"]["tools_kwargs"]}
 
 
@@ -304,7 +306,7 @@ def registered():
 
 
 def _cfg(algo="grpo", **kw):
-    return vb.compose_verl_config(vb.verl_overrides(vb.VerlRunConfig(algo, **kw)))
+    return vl.compose_verl_config(vl.verl_overrides(vl.VerlRunConfig(algo, **kw)))
 
 
 def _instantiate(cfg, server, tok):
@@ -322,7 +324,7 @@ def _instantiate(cfg, server, tok):
 def _run(cfg, server, tok, row, **sp):
     async def go():  # the worker builds and runs each loop inside its event loop
         loop = _instantiate(cfg, server, tok)
-        return loop, await loop.run(vb.verl_sampling_params(cfg) | {"logprobs": True, **sp}, **row)
+        return loop, await loop.run(vl.verl_sampling_params(cfg) | {"logprobs": True, **sp}, **row)
     return asyncio.run(go())
 
 
@@ -366,13 +368,13 @@ def test_verls_postprocessing_and_reward_manager_score_it_1(registered, tok):
 
     cfg, server, row = _cfg("grpo", max_response_length=256), scripted(tok, verl_types=True), calc_row()
     _, out = _run(cfg, server, tok, row)
-    batch = asyncio.run(vb.verl_postprocess([out], [row], cfg, tok))
+    batch = asyncio.run(vl.verl_postprocess([out], [row], cfg, tok))
     assert tuple(batch.batch["responses"].shape) == (1, 256) and tuple(batch.batch["prompts"].shape) == (1, 1024)
     m = batch.batch["response_mask"][0]
     assert m[:len(out.response_mask)].tolist() == out.response_mask and int(m.sum()) == sum(out.response_mask)
     assert batch.batch["responses"][0, :len(out.response_ids)].tolist() == out.response_ids
     assert batch.non_tensor_batch["__num_turns__"].tolist() == [4]
-    rcfg = vb.compose_verl_config(["actor_rollout_ref.rollout.name=vllm",
+    rcfg = vl.compose_verl_config(["actor_rollout_ref.rollout.name=vllm",
                                    f"reward.custom_reward_function.path={vb.REWARD_FUNCTION['path']}",
                                    f"reward.custom_reward_function.name={vb.REWARD_FUNCTION['name']}"])
 
@@ -397,20 +399,20 @@ def test_step_layout_through_verl_returns_a_list_and_refuses_the_legacy_worker(r
     with pytest.raises(RuntimeError, match="takes one output per row"):
         _run(legacy, scripted(tok, verl_types=True), tok, row)
     with pytest.raises(ValueError, match="only verl's v1 trainer"):
-        vb.validate_verl_config(legacy)
+        vl.validate_verl_config(legacy)
 
 
 @needs_verl
 def test_layout_comes_from_the_recipe(registered):
-    for algo in vb.ALGORITHMS:
+    for algo in vl.ALGORITHMS:
         cfg = _cfg(algo)
-        assert cfg.actor_rollout_ref.rollout.custom.ar1_layout == vb.RECIPES[algo].layout
-    check = vb.validate_verl_config(_cfg("steppo"))
+        assert cfg.actor_rollout_ref.rollout.custom.ar1_layout == vl.RECIPES[algo].layout
+    check = vl.validate_verl_config(_cfg("steppo"))
     assert check["agent_loop"] == "ar1_agent -> agent_r1_tutorial.verl_bridge.Ar1AgentLoop (layout: step)"
     ov = [o if "ar1_layout" not in o else "+actor_rollout_ref.rollout.custom.ar1_layout=rows"
-          for o in vb.verl_overrides(vb.VerlRunConfig("grpo"))]
+          for o in vl.verl_overrides(vl.VerlRunConfig("grpo"))]
     with pytest.raises(ValueError, match="choose one of"):
-        vb.validate_verl_config(vb.compose_verl_config(ov))
+        vl.validate_verl_config(vl.compose_verl_config(ov))
 
 
 @pytest.fixture(scope="module")
@@ -418,10 +420,10 @@ def hotpot(tmp_path_factory):
     "A HotpotQA-style row whose search tool loads a small BM25 index of the sample's passages."
     from agent_r1_tutorial.search import BM25Retriever
 
-    sample = vb.hotpotqa_toy_sample(8, seed=0)
+    sample = vd.hotpotqa_toy_sample(8, seed=0)
     index = tmp_path_factory.mktemp("index") / "bm25"
-    BM25Retriever(vb.hotpotqa_passages(sample)).save(index)
-    row = vb.hotpotqa_rows(sample, "train", n=1, seed=0, search_index_dir=str(index))[0]
+    BM25Retriever(vd.hotpotqa_passages(sample)).save(index)
+    row = vd.hotpotqa_rows(sample, "train", n=1, seed=0, search_index_dir=str(index))[0]
     return {**row, "raw_prompt": row["prompt"]}
 
 
@@ -454,7 +456,7 @@ def test_tiny_model_through_verl_keeps_ids_masks_and_budget(registered, lm, hotp
     assert len(resp) == len(mask) == len(lp) <= 48
     assert resp[mask == 1].tolist() == [i for c in server.calls for i in c["token_ids"]]
     assert np.allclose(lp[mask == 1], [x for c in server.calls for x in c["log_probs"]], atol=1e-6)
-    batch = asyncio.run(vb.verl_postprocess([out], [hotpot], cfg, tok)).batch
+    batch = asyncio.run(vl.verl_postprocess([out], [hotpot], cfg, tok)).batch
     assert batch["response_mask"][0, :len(mask)].tolist() == mask.tolist()
     assert int(batch["attention_mask"][0, 1024:].sum()) == len(resp)
 
@@ -462,10 +464,10 @@ def test_tiny_model_through_verl_keeps_ids_masks_and_budget(registered, lm, hotp
 @needs_verl
 def test_agent_loop_dry_run(registered, lm, hotpot):
     tok, model = lm
-    r = vb.agent_loop_dry_run(_cfg("grpo"), hotpot, tok, model, response_length=32, seed=1)
+    r = vl.agent_loop_dry_run(_cfg("grpo"), hotpot, tok, model, response_length=32, seed=1)
     assert r["ids_and_masks_ok"] and r["layout"] == "sequence" and r["response_tokens"] <= 32
     assert r["agent_loop"] == "ar1_agent -> agent_r1_tutorial.verl_bridge.Ar1AgentLoop"
-    r = vb.agent_loop_dry_run(_cfg("steppo"), hotpot, tok, policy=searcher(hotpot), response_length=1024)
+    r = vl.agent_loop_dry_run(_cfg("steppo"), hotpot, tok, policy=searcher(hotpot), response_length=1024)
     assert (r["layout"], r["outputs"], r["tool_calls"], r["reward_score"], r["ids_and_masks_ok"]) == ("step", 2, 1, 1.0, True)
     with pytest.raises(ValueError, match="a model or a scripted policy"):
-        vb.agent_loop_dry_run(_cfg("grpo"), hotpot, tok, model, policy=searcher(hotpot))
+        vl.agent_loop_dry_run(_cfg("grpo"), hotpot, tok, model, policy=searcher(hotpot))

@@ -1,0 +1,355 @@
+"""verl's configuration, launch and dry run (chapter 14): every algorithm composed and validated with verl's own code,
+the launch commands, the preflight checks, the GPU pins and the full-scale dry run.
+
+Tests that need verl are skipped without it; the rest need only the library and the scripts.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from agent_r1_tutorial import verl_bridge as vb
+from agent_r1_tutorial import verl_data as vd
+from agent_r1_tutorial import verl_launch as vl
+
+HAS_VERL = __import__("importlib").util.find_spec("verl") is not None
+needs_verl = pytest.mark.skipif(not HAS_VERL, reason="verl (CPU build) is not installed")
+
+
+def _run(cmd, env=None, timeout=600, cwd=ROOT):
+    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    return res.returncode, res.stdout, res.stderr
+
+
+# ---------------------------------------------------------------- configuration
+
+
+@pytest.fixture(scope="module")
+def stand_in(tmp_path_factory):
+    from agent_r1_tutorial.tinylm import build_tiny_lm
+
+    d = tmp_path_factory.mktemp("tiny-model")
+    tok, model = build_tiny_lm()
+    tok.save_pretrained(d)
+    model.save_pretrained(d)
+    return str(d)
+
+
+@needs_verl
+@pytest.mark.parametrize("algo", vl.ALGORITHMS)
+def test_every_algorithm_composes_and_validates(algo, stand_in):
+    run = vl.VerlRunConfig(algo)
+    cfg = vl.compose_verl_config(vl.verl_overrides(run))
+    check = vl.validate_verl_config(cfg, model_path=stand_in)
+    r = vl.RECIPES[algo]
+    assert cfg.algorithm.adv_estimator == f"ar1_{r.adv_estimator}" == check["adv_estimator"]
+    assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "ar1_vanilla"
+    assert check["use_critic"] is r.critic and check["use_reference_policy"] is True  # KL in the loss or the reward
+    assert cfg.algorithm.use_kl_in_reward is (r.kl == "reward")
+    assert cfg.actor_rollout_ref.rollout.n == r.n and cfg.actor_rollout_ref.rollout.multi_turn.enable
+    assert cfg.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"
+    assert cfg.actor_rollout_ref.model.use_remove_padding is False
+    assert cfg.reward.custom_reward_function.path == "pkg://agent_r1_tutorial.rewards"
+    assert cfg.ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES == vb.MODULE_NAME
+    assert "actor_rollout_ref.model" in check["sections"] and "actor_rollout_ref.actor" in check["sections"]
+    assert ("critic" in check["sections"]) is r.critic
+
+
+@needs_verl
+def test_validation_without_the_model_says_what_it_skipped():
+    check = vl.validate_verl_config(vl.compose_verl_config(vl.verl_overrides(vl.VerlRunConfig("ppo"))))
+    assert check["model_checked_with"] is None
+    assert any("actor_rollout_ref.model" in s for s in check["skipped"])
+    assert any(s.startswith("critic") for s in check["skipped"])
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(algorithm="dpo"), "choose one of ['ppo', 'grpo', 'reinforce_pp', 'rloo', 'steppo']"),
+    (dict(algorithm="rloo", n=1), "needs n >= 2"),
+    (dict(n_gpus_per_node=0), "n_gpus_per_node=0: must be a positive int"),
+    (dict(train_batch_size=True), "must be a positive int"),
+    (dict(ppo_mini_batch_size=256), "cannot exceed train_batch_size"),
+    (dict(rollout_tp=3), "must divide the number of GPUs"),
+    (dict(actor_lr=0.0), "must be in (0, 1)"),
+    (dict(gpu_memory_utilization=1.5), "must be in (0, 1)"),
+    (dict(attn_implementation="flash3"), "choose 'sdpa'"),
+    (dict(policy_loss="ppo"), "choose one of ['gspo', 'vanilla']"),
+    (dict(loss_agg_mode="mean"), "choose one of"),
+    (dict(model_path="a model,with comma"), "without spaces"),
+    (dict(extra_overrides=("novalue",)), "'key=value' strings"),
+])
+def test_bad_knobs_are_refused_with_the_reason(kw, msg):
+    with pytest.raises(ValueError, match=__import__("re").escape(msg)):
+        vl.VerlRunConfig(**kw)
+
+
+def test_overrides_are_generated_from_one_place():
+    for algo in vl.ALGORITHMS:
+        ov = vl.verl_overrides(vl.VerlRunConfig(algo))
+        keys = [o.split("=", 1)[0] for o in ov]
+        assert len(keys) == len(set(keys)), f"{algo}: a key is set twice"
+    fa = vl.verl_overrides(vl.VerlRunConfig("ppo", attn_implementation="flash_attention_2"))
+    assert not any("attn_implementation" in o or "use_remove_padding" in o for o in fa)
+    last = vl.verl_overrides(vl.VerlRunConfig("grpo", extra_overrides=("trainer.total_epochs=3",)))
+    assert last[-1] == "trainer.total_epochs=3"
+    assert "trainer.total_training_steps=7" in vl.verl_overrides(vl.VerlRunConfig(total_training_steps=7))
+
+
+@needs_verl
+def test_verl_refuses_what_verl_would_refuse(stand_in):
+    small = vl.VerlRunConfig("grpo", train_batch_size=3, ppo_mini_batch_size=3, n=2)
+    with pytest.raises(ValueError, match="must be divisible"):
+        vl.validate_verl_config(vl.compose_verl_config(vl.verl_overrides(small)), stand_in)
+    with pytest.raises(ValueError, match="not registered with verl"):
+        ov = vl.verl_overrides(vl.VerlRunConfig()) + ["actor_rollout_ref.actor.policy_loss.loss_mode=ar1_nope"]
+        vl.validate_verl_config(vl.compose_verl_config(ov), stand_in)
+    with pytest.raises(ValueError, match="needs a critic"):
+        ov = vl.verl_overrides(vl.VerlRunConfig("steppo")) + ["critic.enable=False"]
+        vl.validate_verl_config(vl.compose_verl_config(ov), stand_in)
+    with pytest.raises(ValueError, match="rejected the overrides"):
+        vl.compose_verl_config(["trainer.no_such_key=1"])
+
+
+def test_launch_commands():
+    one = vl.launch_commands(vl.VerlRunConfig("rloo"))
+    assert list(one) == ["train"]
+    assert one["train"].startswith(f"{vb.EXTERNAL_MODULES_ENV}={vb.MODULE_NAME} .venv-gpu/bin/python -m verl.trainer.main_ppo")
+    assert "algorithm.adv_estimator=ar1_rloo" in one["train"]
+    many = vl.launch_commands(vl.VerlRunConfig("ppo", nnodes=2, n_gpus_per_node=8), head_address="10.1.2.3")
+    assert list(many) == ["head", "worker", "submit"]
+    assert "ray start --head" in many["head"] and "--num-gpus=8" in many["head"]
+    assert "--address=10.1.2.3:6379" in many["worker"]
+    assert "ray job submit --address=http://10.1.2.3:8265" in many["submit"] and "trainer.nnodes=2" in many["submit"]
+    assert vb.MODULE_NAME in many["submit"].split(" -- ")[0]  # the job's runtime env carries the registration
+
+
+# ---------------------------------------------------------------- preflight
+
+
+import preflight  # noqa: E402  (scripts/, on the path through conftest)
+
+SMI = ("0, NVIDIA H100 80GB HBM3, 81559, 570.86.15\n1, NVIDIA H100 80GB HBM3, 81559, 570.86.15\n"
+       "2, NVIDIA H100 80GB HBM3, 81559, 570.86.15\n3, NVIDIA H100 80GB HBM3, 81559, 570.86.15\n")
+BANNER = "| NVIDIA-SMI 570.86.15   Driver Version: 570.86.15   CUDA Version: 12.8     |"
+
+
+def test_parse_nvidia_smi():
+    gpus = preflight.parse_gpus(SMI)
+    assert len(gpus) == 4 and gpus[0].name == "NVIDIA H100 80GB HBM3" and gpus[0].memory_mib == 81559
+    assert preflight.parse_cuda_version(BANNER) == "12.8"
+    assert preflight.parse_gpus("0, Weird, GPU, Name, 40960, 535.104.05")[0].name == "Weird, GPU, Name"
+    with pytest.raises(preflight.PreflightError, match="expected 4"):
+        preflight.parse_gpus("0, only two")
+    with pytest.raises(preflight.PreflightError, match="not index, name, memory"):
+        preflight.parse_gpus("x, A100, lots, 535")
+
+
+@pytest.mark.parametrize("driver, pins", [("590.10", "cu13"), ("580.65.06", "cu13"), ("570.86.15", "cu12"),
+                                          ("535.104.05", "cu12"), ("525.60.13", "cu12")])
+def test_pin_set_follows_the_driver(driver, pins):
+    assert preflight.pin_set(driver) == pins
+
+
+def test_old_driver_is_refused():
+    with pytest.raises(preflight.PreflightError, match="too old"):
+        preflight.pin_set("470.82.01")
+    with pytest.raises(preflight.PreflightError, match="cannot read"):
+        preflight.pin_set("n/a")
+
+
+def test_checks_with_faked_outputs(tmp_path, monkeypatch):
+    gpus = preflight.parse_gpus(SMI)
+    ok = preflight.run_checks(4, 40, tmp_path, 0.001, sys.executable, smi=(gpus, "12.8"))
+    assert ok.ok, ok.errors
+    assert ok.info["pin_set"] == "cu12" and ok.info["cuda_version"] == "12.8"
+    few = preflight.run_checks(8, 40, tmp_path, 0.001, sys.executable, smi=(gpus, "12.8"))
+    assert not few.ok and "4 GPU(s) found, the run asks for 8" in few.errors[0]
+    small = preflight.run_checks(4, 100, tmp_path, 0.001, sys.executable, smi=(gpus, "12.8"))
+    assert any("below the 100 GiB" in e for e in small.errors)
+    old = preflight.run_checks(4, 40, tmp_path, 0.001, sys.executable,
+                               smi=(preflight.parse_gpus(SMI.replace("570.86.15", "450.80.02")), "11.0"))
+    assert any("too old" in e for e in old.errors)
+    warn = preflight.run_checks(4, 40, tmp_path, 0.001, sys.executable,
+                                smi=(preflight.parse_gpus(SMI.replace("570.86.15", "550.54.15")), "12.4"))
+    assert warn.ok and any("older than R570" in w for w in warn.warnings)
+    monkeypatch.setattr(preflight.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10, 10, 5 * 2**30))
+    disk = preflight.run_checks(4, 40, tmp_path / "not" / "yet", 150, sys.executable, smi=(gpus, "12.8"))
+    assert any("5 GiB free" in e and "needs about 150 GiB" in e for e in disk.errors)
+
+
+def test_python_check(tmp_path):
+    r = preflight.Report()
+    preflight.check_python((3, 13, 0), r, "py")
+    assert not r.ok and "resolved for Python 3.11 or 3.12" in r.errors[0]
+    r = preflight.Report()
+    preflight.check_python((3, 12, 1), r)
+    assert r.ok
+    fake = tmp_path / "python3.9"
+    fake.write_text("#!/bin/sh\necho 3 9 1\n")
+    fake.chmod(0o755)
+    assert preflight.python_version(str(fake)) == (3, 9, 1)
+    with pytest.raises(preflight.PreflightError, match="was not found"):
+        preflight.python_version("/no/such/python")
+
+
+@pytest.fixture
+def fake_smi(tmp_path):
+    "A fake nvidia-smi on PATH that answers the GPU query and the banner like a 4 x H100 box with driver 580."
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    smi = bin_ / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nif [ -n \"$1\" ]; then printf '%s' '" + SMI.replace("570.86.15", "580.65.06") +
+                   "'; else echo '" + BANNER.replace("12.8", "13.0") + "'; fi\n")
+    smi.chmod(0o755)
+    return {"PATH": f"{bin_}:{os.environ['PATH']}"}
+
+
+def test_preflight_command_line(fake_smi, tmp_path):
+    code, out, err = _run([sys.executable, "scripts/preflight.py", "--pin-set"], env=fake_smi)
+    assert code == 0 and out.strip() == "cu13"
+    code, out, err = _run([sys.executable, "scripts/preflight.py", "--disk-path", str(tmp_path), "--min-disk-gib",
+                           "0.001", "--python", sys.executable], env=fake_smi)
+    assert code == 0 and "GPUs: 4" in out and "pin set cu13" in out and "preflight: ok" in out, out + err
+    code, out, err = _run([sys.executable, "scripts/preflight.py", "--gpus", "8", "--min-disk-gib", "0.001",
+                           "--json"], env=fake_smi)
+    assert code == 1 and json.loads(out)["errors"][0].startswith("4 GPU(s) found")
+    code, out, err = _run([sys.executable, "scripts/preflight.py", "--nvidia-smi", "no-such-smi"])
+    assert code == 1 and "'no-such-smi' was not found" in out
+    code, out, err = _run([sys.executable, "scripts/preflight.py", "--gpus", "0"])
+    assert code == 2 and "--gpus must be at least 1" in err
+
+
+# ---------------------------------------------------------------- the GPU environment
+
+
+def test_gpu_pins_are_consistent():
+    "Every top-level pin of each set agrees with its constraints file, and flash-attn is nowhere."
+    gpu = ROOT / "scripts" / "gpu"
+    sys.path.insert(0, str(gpu))
+    try:
+        import resolve
+    finally:
+        sys.path.remove(str(gpu))
+    for pins in ("cu12", "cu13"):
+        req = [l.split("#")[0].strip() for l in (gpu / f"requirements-{pins}.txt").read_text().splitlines()]
+        con = resolve.read_constraints(gpu / f"constraints-{pins}.txt")
+        assert not any("flash" in l.lower() for l in req) and "flash-attn" not in con and "faiss-cpu" not in con
+        for line in req:
+            line = line.split("#")[0].strip()
+            if "==" in line:
+                name, version = line.split("==")
+                name = name.split("[")[0].strip().lower()
+                assert any(v == version for v, _ in con[name]), f"{pins}: {name}=={version} vs {con.get(name)}"
+    assert resolve.read_constraints(gpu / "constraints-cu12.txt")["vllm"] == [("0.19.1", None)]
+    assert resolve.read_constraints(gpu / "constraints-cu13.txt")["torch"] == [("2.11.0", None)]
+
+
+def _python312():
+    "A CPython 3.12 to resolve for (the GPU box's likely Python); None if this machine has none."
+    cands = [os.environ.get("AR1_PY312"), shutil.which("python3.12")]
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    cands += sorted(str(p) for p in root.glob("3.12*/bin/python3.12"))
+    for c in filter(None, cands):
+        try:
+            if subprocess.run([c, "-c", "import sys; assert sys.version_info[:2] == (3, 12)"],
+                              capture_output=True, timeout=30).returncode == 0:
+                return c
+        except OSError:
+            pass
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pins", ["cu12", "cu13"])
+def test_gpu_pins_resolve_on_pypi(pins):
+    "pip resolves each pinned set for Linux x86_64 / CPython 3.12 (1-4 minutes each, network-bound)."
+    gpu = ROOT / "scripts" / "gpu"
+    sys.path.insert(0, str(gpu))
+    try:
+        import resolve
+    finally:
+        sys.path.remove(str(gpu))
+    py = _python312() or sys.executable
+    r = resolve.resolve(pins, py, constraints=True)
+    print(f"{pins} on Python {r['python_version']}: rc={r['rc']}, {len(r['resolved'])} packages, {r['seconds']} s")
+    assert r["rc"] == 0, r["tail"]
+    con = resolve.read_constraints(gpu / f"constraints-{pins}.txt")
+    for name, version in r["resolved"].items():
+        assert any(v == version for v, _ in con[name.lower()]), (name, version, con.get(name.lower()))
+
+
+def test_setup_gpu_rejects_bad_input(tmp_path):
+    code, out, err = _run(["bash", "scripts/setup_gpu.sh", "cu11"])
+    assert code == 2 and "unknown argument 'cu11'" in err
+    fake = tmp_path / "python3.13"
+    fake.write_text("#!/bin/sh\necho 3.13\n")
+    fake.chmod(0o755)
+    venv = tmp_path / "venv"
+    code, out, err = _run(["bash", "scripts/setup_gpu.sh", "cu12"], env={"PYTHON": str(fake), "AR1_GPU_VENV": str(venv)})
+    assert code == 1 and "pinned for Python 3.11 or 3.12" in err and "Python 3.13" in err
+    assert not venv.exists()
+    code, out, err = _run(["bash", "scripts/setup_gpu.sh"], env={"PATH": "/usr/bin:/bin", "AR1_GPU_VENV": str(venv)})
+    assert code == 1 and "nvidia-smi" in err and "pass 'cu12' or 'cu13'" in err
+
+
+# ---------------------------------------------------------------- the dry run
+
+
+@needs_verl
+@pytest.mark.parametrize("algo", vl.ALGORITHMS)
+def test_dry_run_in_process(algo, tmp_path, capsys):
+    import speedrun
+
+    assert speedrun.main([algo, "--dry-run", "--out", str(tmp_path), "--seed", "3"]) == 0
+    out = capsys.readouterr().out
+    (run_dir,) = tmp_path.iterdir()
+    r = vl.RECIPES[algo]
+    assert f"full-{algo}-s3-dry" in run_dir.name
+    assert "VERL_USE_EXTERNAL_MODULES=agent_r1_tutorial.verl_bridge .venv-gpu/bin/python -m verl.trainer.main_ppo" in out
+    assert f"algorithm.adv_estimator=ar1_{r.adv_estimator}" in out
+    check = json.loads((run_dir / "validation.json").read_text())
+    assert check["use_critic"] is r.critic and check["adv_estimator"] == f"ar1_{r.adv_estimator}"
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(run_dir / "verl_config.yaml")
+    assert cfg.algorithm.adv_estimator == check["adv_estimator"] and cfg.data.seed == 3
+    assert cfg.data.train_files == str(run_dir / "data" / "train.parquet")
+    assert (run_dir / "launch.sh").read_text().count("verl.trainer.main_ppo") == 1
+    rows = vd.read_rows(run_dir / "data" / "train.parquet")
+    assert rows[0]["extra_info"]["tools_kwargs"]["search"]["create_kwargs"]["index_dir"] == str(run_dir / "index")
+    assert (run_dir / "index" / "config.json").exists()
+    report = (run_dir / "report.md").read_text()
+    assert "validated; agent loop ran on CPU; not launched (needs GPUs)" in report and "**Dry run.**" in report
+    # the train stage built our agent loop as verl does and played episodes on the tiny model against the index
+    episodes = json.loads((run_dir / "agent_loop.json").read_text())
+    assert set(episodes) == {"tiny model", "scripted searcher"}
+    assert all(e["ids_and_masks_ok"] and e["layout"] == r.layout for e in episodes.values())
+    assert episodes["scripted searcher"]["tool_calls"] == 1 and "## Agent loop (dry run)" in report
+    assert f"agent loop: ar1_agent -> agent_r1_tutorial.verl_bridge.Ar1AgentLoop (layout: {r.layout})" in out
+
+
+@needs_verl
+def test_speedrun_sh_dry_run(tmp_path):
+    "The README's command on a machine without GPUs: bash speedrun.sh grpo --dry-run."
+    code, out, err = _run(["bash", "speedrun.sh", "grpo", "--dry-run", "--out", str(tmp_path), "--gpus", "8",
+                           "--override", "trainer.total_training_steps=5"], timeout=900)
+    assert code == 0, out + err
+    assert "Traceback" not in out + err
+    assert "scale=full algorithm=grpo" in out
+    assert "trainer.n_gpus_per_node=8" in out and "trainer.total_training_steps=5" in out
+    for stage in ("preflight", "env", "data", "index", "train", "eval"):
+        assert f"  {stage} " in out
+    (run_dir,) = tmp_path.iterdir()
+    assert (run_dir / "launch.sh").exists() and (run_dir / "verl_config.yaml").exists()
+
+
+def test_speedrun_full_options_are_checked():
+    code, out, err = _run(["bash", "speedrun.sh", "grpo", "--dry-run", "--gpus", "0"])
+    assert code == 2 and "--gpus must be a positive integer" in err
+    code, out, err = _run(["bash", "speedrun.sh", "grpo", "--dry-run", "--override", "novalue"])
+    assert code == 2 and "--override needs KEY=VALUE" in err
