@@ -95,14 +95,22 @@ def substring_match(
 FORMATS = ("hermes", "search_r1")
 
 _MARKUP = re.compile(r"<\|im_start\|>\s*(?:assistant|user|tool|system)?\s*|<\|im_end\|>|<\|endoftext\|>")
-_OBSERVATION = {
-    # the observation, with the chat markup or bare role names around it (decoded with or without special tokens)
-    "hermes": re.compile(r"\s*(?:<\|im_end\|>)?\s*(?:<\|im_start\|>)?\s*(?:(?:user|tool)\n)?\s*"
-                         r"(?:<tool_response>.*?</tool_response>\s*)+"
-                         r"(?:<\|im_end\|>)?\s*(?:<\|im_start\|>)?\s*(?:assistant\n)?", re.S),
-    "search_r1": re.compile(r"\s*(?:<information>.*?</information>\s*)+", re.S),
-}
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
+# an observation is one or more of these blocks with only whitespace between them
+_OBSERVATION = {"hermes": ("<tool_response>", "</tool_response>"), "search_r1": ("<information>", "</information>")}
+
+
+def _blocks(text: str, open_: str, close: str) -> list[tuple[int, int]]:
+    "(start, end) of each `open_ ... close` block, left to right, each ending at the first `close` after its start."
+    # str.find, not a regex: a policy under RL writes degenerate text, and a backtracking pattern over it can take
+    # hours (the reward would stall the trainer); every character here is looked at a bounded number of times
+    out, i = [], text.find(open_)
+    while i >= 0:
+        j = text.find(close, i + len(open_))
+        if j < 0:  # unclosed, and so is every later block
+            break
+        out.append((i, j + len(close)))
+        i = text.find(open_, j + len(close))
+    return out
 
 
 def _fmt(fmt: str) -> str:
@@ -118,7 +126,47 @@ def split_turns(
     "Cut a decoded multi-turn response into the model's turns, at the observations."
     if not isinstance(solution_str, str):
         raise TypeError(f"solution_str must be a str, got {type(solution_str).__name__}")
-    return [_MARKUP.sub("", t).strip() for t in _OBSERVATION[_fmt(fmt)].split(solution_str)]
+    open_, close = _OBSERVATION[_fmt(fmt)]
+    spans = []
+    for a, b in _blocks(solution_str, open_, close):
+        if spans and not solution_str[spans[-1][1]:a].strip():  # only whitespace between: the same observation
+            spans[-1] = (spans[-1][0], b)
+        else:
+            spans.append((a, b))
+    if fmt == "hermes":  # the chat markup and role names around each observation belong to it
+        spans = [(_markup_before(solution_str, a, lo), _markup_after(solution_str, b))
+                 for (a, b), lo in zip(spans, [0] + [b for _, b in spans])]
+    cuts = [0, *[x for span in spans for x in span], len(solution_str)]
+    return [_MARKUP.sub("", solution_str[a:b]).strip() for a, b in zip(cuts[::2], cuts[1::2])]
+
+
+def _skip_space(text: str, i: int, step: int, stop: int) -> int:
+    "Move from `i` over whitespace in direction `step` (1 or -1), not past `stop`."
+    while i != stop and text[i if step > 0 else i - 1].isspace():
+        i += step
+    return i
+
+
+def _markup_before(text: str, i: int, lo: int) -> int:
+    "Where an observation starting at `i` really starts: back over `<|im_end|><|im_start|>user` and whitespace."
+    j = _skip_space(text, i, -1, lo)
+    for role in ("user", "tool"):  # a role name right before the newline that ends it
+        if j < i and text[j] == "\n" and text.endswith(role, lo, j):
+            j = _skip_space(text, j - len(role), -1, lo)
+            break
+    for tag in ("<|im_start|>", "<|im_end|>"):
+        if text.endswith(tag, lo, j):
+            j = _skip_space(text, j - len(tag), -1, lo)
+    return j
+
+
+def _markup_after(text: str, i: int) -> int:
+    "Where an observation ending at `i` really ends: on over `<|im_end|><|im_start|>assistant` and whitespace."
+    j = _skip_space(text, i, 1, len(text))
+    for tag in ("<|im_end|>", "<|im_start|>"):
+        if text.startswith(tag, j):
+            j = _skip_space(text, j + len(tag), 1, len(text))
+    return j + len("assistant\n") if text.startswith("assistant\n", j) else j
 
 
 def extract_answer(
@@ -126,17 +174,13 @@ def extract_answer(
     fmt: str = "hermes",  # "hermes" or "search_r1"
 ) -> str | None:  # the text inside the final turn's last <answer>...</answer>, stripped; None if there is none
     "The final answer of an episode: the content of the last <answer> tag in its final turn."
-    found = _ANSWER.findall(split_turns(solution_str, fmt)[-1])
-    return found[-1].strip() if found else None
+    final = split_turns(solution_str, fmt)[-1]
+    found = _blocks(final, "<answer>", "</answer>")
+    return final[found[-1][0] + len("<answer>"):found[-1][1] - len("</answer>")].strip() if found else None
 
 # %% ../nbs/07_rewards.ipynb #0e8c8478
-_THINK = r"(?:<think>.*?</think>\s*)"
-_TURN = {
-    ("hermes", "call"): r"(?:<tool_call>(.*?)</tool_call>\s*)+",
-    ("hermes", "final"): r"<answer>(.*?)</answer>",
-    ("search_r1", "call"): r"<search>(.*?)</search>",
-    ("search_r1", "final"): r"<answer>(.*?)</answer>",
-}
+_ACTION = {("hermes", "call"): ("<tool_call>", "</tool_call>"), ("hermes", "final"): ("<answer>", "</answer>"),
+           ("search_r1", "call"): ("<search>", "</search>"), ("search_r1", "final"): ("<answer>", "</answer>")}
 
 
 def _valid_call(body: str) -> bool:
@@ -149,13 +193,27 @@ def _valid_call(body: str) -> bool:
 
 
 def _turn_ok(turn: str, fmt: str, kind: str, require_think: bool) -> bool:
-    "Is `turn` an optional (or required) think block followed by exactly one action of `kind`?"
-    m = re.fullmatch(_THINK + ("" if require_think else "?") + _TURN[fmt, kind], turn, re.S)
-    if m is None:
-        return False
-    if fmt == "hermes" and kind == "call":  # every call, not only the last one the regex captured
-        return all(_valid_call(b) for b in re.findall(r"<tool_call>(.*?)</tool_call>", turn, re.S))
-    return bool(m.group(1).strip())
+    "Is `turn` an optional (or required) `<think>...</think>` followed by exactly one action of `kind`?"
+    open_, close = _ACTION[fmt, kind]
+    many = (fmt, kind) == ("hermes", "call")  # one or more calls, whitespace after each
+    end = len(turn.rstrip()) if many else len(turn)
+    starts = []  # where the action may begin: after each </think> that closes a leading <think> (and its whitespace)
+    if turn.startswith("<think>"):
+        k = turn.find("</think>", len("<think>"))
+        while k >= 0:
+            s = k + len("</think>")
+            while s < len(turn) and turn[s].isspace():
+                s += 1
+            starts.append(s)
+            k = turn.find("</think>", k + 1)
+    if not require_think:
+        starts.append(0)
+    for s in starts:
+        if turn.startswith(open_, s) and end - s >= len(open_) + len(close) and turn.endswith(close, s, end):
+            if many:  # every call, each up to its first </tool_call>
+                return all(_valid_call(turn[a + len(open_):b - len(close)]) for a, b in _blocks(turn, open_, close))
+            return bool(turn[s + len(open_):end - len(close)].strip())
+    return False
 
 
 def format_reward(

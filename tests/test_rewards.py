@@ -79,6 +79,51 @@ def test_parsers_never_raise_and_stay_in_range(text, fmt, think):
     assert -1.0 <= gsm8k_score(text, "#### 3", fmt)["score"] <= 1.0
 
 
+# The regular expressions these parsers used before they became linear scans: exponential on degenerate text (a
+# tiny policy's output once stalled verl's reward workers for minutes), but a faithful oracle on short text.
+import re  # noqa: E402
+
+_OLD_OBS = {"hermes": re.compile(r"\s*(?:<\|im_end\|>)?\s*(?:<\|im_start\|>)?\s*(?:(?:user|tool)\n)?\s*"
+                                 r"(?:<tool_response>.*?</tool_response>\s*)+"
+                                 r"(?:<\|im_end\|>)?\s*(?:<\|im_start\|>)?\s*(?:assistant\n)?", re.S),
+            "search_r1": re.compile(r"\s*(?:<information>.*?</information>\s*)+", re.S)}
+_OLD_MARKUP = re.compile(r"<\|im_start\|>\s*(?:assistant|user|tool|system)?\s*|<\|im_end\|>|<\|endoftext\|>")
+_OLD_TURN = {("hermes", "call"): r"(?:<tool_call>(.*?)</tool_call>\s*)+", ("hermes", "final"): r"<answer>(.*?)</answer>",
+             ("search_r1", "call"): r"<search>(.*?)</search>", ("search_r1", "final"): r"<answer>(.*?)</answer>"}
+
+
+def _old_turn_ok(turn, fmt, kind, require_think):
+    from agent_r1_tutorial.rewards import _valid_call
+    m = re.fullmatch(r"(?:<think>.*?</think>\s*)" + ("" if require_think else "?") + _OLD_TURN[fmt, kind], turn, re.S)
+    if m is None:
+        return False
+    if fmt == "hermes" and kind == "call":
+        return all(_valid_call(b) for b in re.findall(r"<tool_call>(.*?)</tool_call>", turn, re.S))
+    return bool(m.group(1).strip())
+
+
+# texts made of turns and observations as decoders render them (with and without special tokens, one or two blocks,
+# bare role names or none), with tags, whitespace and stray role names (also glued to other text) mixed into the turns
+OBSERVATIONS = ["<|im_end|>\n<|im_start|>user\n<tool_response>\nr\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+                "\nuser\n<tool_response>\nr\n</tool_response>\nassistant\n", "tool\n<tool_response>r</tool_response>",
+                "<tool_response>a</tool_response> \n<tool_response>b</tool_response>\n", "\n<information>r</information>\n",
+                "<information>a</information><information>b</information>"]
+turn_text = st.lists(st.sampled_from(TAGS + [" ", "\n", "x", "y z", "assistant\n", "\nuser", "tool", "xuser\n"]), max_size=6).map("".join)
+pieces = st.tuples(turn_text, st.lists(st.tuples(st.sampled_from(OBSERVATIONS), turn_text), max_size=3)).map(
+    lambda t: t[0] + "".join(o + u for o, u in t[1]))
+
+
+@given(pieces, st.sampled_from(["hermes", "search_r1"]), st.booleans())
+@settings(max_examples=1000)
+def test_linear_parsers_agree_with_the_former_regular_expressions(text, fmt, think):
+    from agent_r1_tutorial.rewards import _turn_ok
+    old = [_OLD_MARKUP.sub("", t).strip() for t in _OLD_OBS[fmt].split(text)]
+    assert split_turns(text, fmt) == old
+    for turn in old:
+        for kind in ("call", "final"):
+            assert _turn_ok(turn, fmt, kind, think) == _old_turn_ok(turn, fmt, kind, think), (turn, kind)
+
+
 json_args = st.dictionaries(words, st.one_of(words, st.integers(), st.booleans()), max_size=3)
 plain = st.text(alphabet=string.ascii_letters + string.digits + " .,?!'", min_size=1, max_size=30).filter(str.strip)
 
