@@ -24,8 +24,8 @@ from .verl_bridge import (AGENT_NAME, EXTERNAL_MODULES_ENV, LAYOUTS, MODULE_NAME
 
 # %% auto #0
 __all__ = ['ALGORITHMS', 'RECIPES', 'Recipe', 'VerlRunConfig', 'verl_overrides', 'verl_config_dir', 'compose_verl_config',
-           'validate_verl_config', 'launch_commands', 'make_verl_agent_loop', 'verl_sampling_params',
-           'verl_postprocess', 'agent_loop_dry_run']
+           'validate_verl_config', 'launch_commands', 'read_verl_metrics', 'latest_verl_checkpoint',
+           'make_verl_agent_loop', 'verl_sampling_params', 'verl_postprocess', 'agent_loop_dry_run']
 
 # %% ../nbs/14_verl_launch.ipynb #fda06af4
 ALGORITHMS = ("ppo", "grpo", "reinforce_pp", "rloo", "steppo")
@@ -90,6 +90,9 @@ class VerlRunConfig:
     logger: tuple = ("console",)  # verl loggers: console, wandb, tensorboard, file, ...
     seed: int = 0
     agent_loop_config_path: str | None = None  # a YAML of further agent loops; ours is registered on import (VERL_USE_EXTERNAL_MODULES)
+    save_hf_model: bool = True  # checkpoints also hold Hugging Face weights (actor/huggingface): chat and eval load them
+    rollout_data_dir: str | None = None  # verl writes each step's decoded rollouts and scores here, one JSONL per step
+    episode_dir: str | None = None  # our agent loop logs every episode's ids and masks here (chapter 12)
     extra_overrides: tuple = ()  # any other "key=value" Hydra overrides, applied last
 
     def __post_init__(self):
@@ -124,7 +127,8 @@ class VerlRunConfig:
             bad("policy_loss", f"choose one of {sorted(POLICY_LOSSES)}")
         if self.loss_agg_mode not in AGG_MODES:
             bad("loss_agg_mode", f"choose one of {list(AGG_MODES)}")
-        for name in ("model_path", "train_files", "val_files", "checkpoint_dir", "project_name", "agent_loop_config_path"):
+        for name in ("model_path", "train_files", "val_files", "checkpoint_dir", "project_name", "agent_loop_config_path",
+                     "rollout_data_dir", "episode_dir"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or not v or _HYDRA_UNSAFE.search(v)):
                 bad(name, "must be a non-empty string without spaces, commas, brackets, quotes or '=' "
@@ -198,6 +202,12 @@ def verl_overrides(
         "trainer.logger=[" + ",".join(run.logger) + "]",
         f"+ray_kwargs.ray_init.runtime_env.env_vars.{EXTERNAL_MODULES_ENV}={MODULE_NAME}",
     ]
+    if run.save_hf_model:  # verl's default saves only the sharded state; from_pretrained needs the full weights
+        ov.append(f"{arr}.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]")
+    if run.rollout_data_dir:
+        ov.append(f"trainer.rollout_data_dir={run.rollout_data_dir}")
+    if run.episode_dir:
+        ov.append(f"+{rol}.custom.ar1_episode_dir={run.episode_dir}")
     if run.total_training_steps is not None:
         ov.append(f"trainer.total_training_steps={run.total_training_steps}")
     return ov + list(run.extra_overrides)
@@ -338,14 +348,42 @@ def launch_commands(
     if run.nnodes == 1 and head_address is None:
         return {"train": f"{EXTERNAL_MODULES_ENV}={MODULE_NAME} {trainer}"}
     head = head_address or "$HEAD_IP"
-    env = shlex.quote(json.dumps({"env_vars": {EXTERNAL_MODULES_ENV: MODULE_NAME}}))
+    # the job's entrypoint runs in Ray's job supervisor, not in this folder: absolute paths. The variable goes on the
+    # entrypoint, not into `--runtime-env-json`: the overrides already put it into ray.init's runtime_env, and Ray
+    # refuses to merge two runtime envs that set the same variable
+    abs_python = shlex.quote(str(Path(venv).absolute() / "bin" / "python"))
+    job = f"env {EXTERNAL_MODULES_ENV}={MODULE_NAME} {abs_python} -m verl.trainer.main_ppo \\\n    {args}"
     return {
         "head": f"{EXTERNAL_MODULES_ENV}={MODULE_NAME} {ray} start --head --port={ray_port} "
                 f"--dashboard-host=0.0.0.0 --dashboard-port={dashboard_port} --num-gpus={run.n_gpus_per_node}",
         "worker": f"{EXTERNAL_MODULES_ENV}={MODULE_NAME} {ray} start --address={head}:{ray_port} "
                   f"--num-gpus={run.n_gpus_per_node}",
-        "submit": f"{ray} job submit --address=http://{head}:{dashboard_port} --runtime-env-json={env} -- {trainer}",
+        "submit": f"{ray} job submit --address=http://{head}:{dashboard_port} -- {job}",
     }
+
+# %% ../nbs/14_verl_launch.ipynb #4b4768f3
+def read_verl_metrics(
+    out_dir: str | Path,  # a run folder whose launches logged to metrics-<n>.jsonl (VERL_FILE_LOGGER_PATH)
+) -> list[dict]:  # one dict per trainer step ("step" and verl's metric names), in step order
+    "verl's logged metrics of every launch in a folder; a later launch's value for a step wins (a resumed run)."
+    steps: dict[int, dict] = {}
+    files = sorted(Path(out_dir).glob("metrics-*.jsonl"), key=lambda p: int(p.stem.split("-")[1]))
+    for p in files:
+        for line in p.read_text().splitlines():
+            d = json.loads(line)
+            steps.setdefault(int(d["step"]), {}).update(d["data"])
+    return [{"step": s, **steps[s]} for s in sorted(steps)]
+
+
+def latest_verl_checkpoint(
+    checkpoint_dir: str | Path,  # trainer.default_local_dir
+) -> Path | None:  # global_step_<n>/ of the newest complete checkpoint, None if there is none
+    "The checkpoint verl resumes from: the step named in latest_checkpointed_iteration.txt."
+    marker = Path(checkpoint_dir) / "latest_checkpointed_iteration.txt"
+    if not marker.exists():
+        return None
+    path = Path(checkpoint_dir) / f"global_step_{int(marker.read_text().strip())}"
+    return path if path.is_dir() else None
 
 # %% ../nbs/14_verl_launch.ipynb #84de9614
 def make_verl_agent_loop(

@@ -5,7 +5,7 @@ The agent answers each question the way it was trained to: the same chat templat
 tools (search over an index, the calculator) and the same agent loop (`verl_bridge.run_agent_episode`), with every
 turn printed as it happens: the model's reply, the tools' results, the answer.
 
-    python scripts/chat.py runs/<run>/checkpoints/step_000200 --tools calculator --question "What is 17 * 23?"
+    python scripts/chat.py runs/<run>/checkpoints/global_step_200 --tools calculator --question "What is 17 * 23?"
     python scripts/chat.py merged/ --tools search --index-dir data/index-bge-large-en-v1.5     # a REPL
     python scripts/chat.py merged/ --tools search --index-dir ... --backend vllm --url http://localhost:8000/v1
 
@@ -59,16 +59,27 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+WEIGHTS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
+
+
 def model_folder(path: str) -> Path:
     "The Hugging Face folder inside a checkpoint path, or a clear error."
     p = Path(path).expanduser()
     if not p.exists():
         raise UsageError(f"checkpoint folder {str(p)!r} does not exist")
-    for cand in (p, p / "policy", p / "huggingface"):
+    for cand in (p, p / "policy", p / "huggingface", p / "actor" / "huggingface"):
         if (cand / "config.json").is_file():
+            if not any(next(cand.glob(w), None) for w in WEIGHTS):
+                # verl's checkpoints keep config and tokenizer in actor/huggingface, and the weights there only when
+                # the run saved hf_model (our runs do); otherwise the weights are FSDP shards that need merging
+                raise UsageError(
+                    f"{str(cand)!r} holds a config.json but no weights. For a verl checkpoint saved without hf_model, "
+                    "merge its shards first: python -m verl.model_merger merge --backend fsdp --local_dir "
+                    f"{cand.parent} --target_dir merged/   then: python scripts/chat.py merged/ ...")
             return cand
     raise UsageError(f"{str(p)!r} holds no model: expected config.json there (a Hugging Face folder, e.g. verl's "
-                     "merged checkpoint) or in policy/ (a checkpoint of the reference trainer)")
+                     "merged checkpoint), in policy/ (a checkpoint of the reference trainer) or in actor/huggingface/ "
+                     "(a verl checkpoint)")
 
 
 def tool_specs(args) -> dict:

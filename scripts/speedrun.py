@@ -23,6 +23,7 @@ SCALES = ("auto", "tiny", "full")
 TASKS = ("search", "arith")
 RETRIEVERS = ("dense", "bm25")
 PRESETS = ("tiny", "ci")
+ENGINES = ("reference", "verl")
 
 # The pipeline, stage by stage, with the chapter that builds each. `None` means not built yet.
 STAGES = {
@@ -38,7 +39,7 @@ STAGES = {
         ("data", "HotpotQA download and verl parquet rows", "13 · verl data and index"),
         ("index", "bge-large-en-v1.5 embeddings and a FAISS index of the corpus", "13 · verl data and index"),
         ("train", "verl training with this package's agent loop, estimators and losses", "14 · verl launch and dry run"),
-        ("eval", "EM and F1 on the HotpotQA dev sample", "14 · verl launch and dry run"),
+        ("eval", "exact match on the HotpotQA dev sample (verl's last validation)", "14 · verl launch and dry run"),
     ],
 }
 BUILT: dict[str, object] = {}  # stage key "scale/name" -> callable(run_dir, args); filled in as chapters land
@@ -62,6 +63,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     ap.add_argument("--out", default=str(ROOT / "runs"), help="where run folders go (default runs/)")
     ap.add_argument("--print-scale", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--print-needs-verl", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--preflight-only", action="store_true", help=argparse.SUPPRESS)
     tiny = ap.add_argument_group("tiny scale (the CPU speedrun); defaults as in agent_r1_tutorial.speedrun")
     tiny.add_argument("--task", choices=TASKS, default="search",
@@ -71,6 +73,9 @@ def parser() -> argparse.ArgumentParser:
                       help="dense: FAISS over all-MiniLM-L6-v2 embeddings (default); bm25")
     tiny.add_argument("--preset", choices=PRESETS, default="tiny",
                       help="tiny: the full CPU run (default); ci: a seconds-long smoke run")
+    tiny.add_argument("--engine", choices=ENGINES, default="reference",
+                      help="the RL stage's trainer: reference (this package's, chapter 10; default) or verl (verl "
+                      "0.9.1's own trainer, Ray and FSDP, with the GPU run's configuration, on this CPU; chapter 15)")
     tiny.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     tiny.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="tiny_set",
                       help="any SpeedrunConfig field, e.g. --set rl_steps=50 --set sft_hops=1 (repeatable)")
@@ -121,9 +126,16 @@ def resolve(args, ap) -> str:
             ap.error(f"--set needs KEY=VALUE, got {o!r}")
     if args.threads is not None and args.threads < 1:
         ap.error(f"--threads must be a positive integer, got {args.threads}")
+    if args.engine == "verl" and args.dry_run:
+        ap.error("--dry-run checks the GPU pipeline without a GPU; --engine verl runs verl's trainer on this CPU for real "
+                 "(drop one of them)")
+    if args.engine == "verl" and args.task != "search":
+        ap.error(f"--engine verl runs the search task (its worlds become verl's data rows); got --task {args.task}")
     gpus = nvidia_gpus()
     # auto: the full pipeline where there are GPUs, and its dry run anywhere (the dry run exists for machines without)
-    scale = args.scale if args.scale != "auto" else ("full" if gpus or args.dry_run else "tiny")
+    scale = args.scale if args.scale != "auto" else ("full" if (gpus or args.dry_run) and args.engine != "verl" else "tiny")
+    if scale == "full" and args.engine == "verl":
+        ap.error("--engine verl is the tiny scale's option (verl on this CPU); the full scale always runs verl")
     if scale == "full" and not gpus and not args.dry_run:
         ap.error("--scale full needs NVIDIA GPUs and nvidia-smi found none; use --dry-run to check the full "
                  "pipeline without GPUs, or --scale tiny for the CPU speedrun")
@@ -140,15 +152,22 @@ def run(args, scale: str) -> int:
         tiny_config(args)  # a bad --set stops here, before any folder is made
         run_dir = tiny_run_dir(args)
         run_dir.mkdir(parents=True, exist_ok=True)
-    else:
-        run_dir = Path(args.out) / f"{stamp}-{scale}-{args.algorithm}-s{args.seed}{'-dry' if args.dry_run else ''}"
+    elif args.dry_run:  # a dry run keeps every attempt
+        run_dir = Path(args.out) / f"{stamp}-{scale}-{args.algorithm}-s{args.seed}-dry"
         run_dir.mkdir(parents=True, exist_ok=False)
+    else:  # one folder per algorithm and seed: started again, verl resumes from its last checkpoint there
+        run_dir = Path(args.out) / f"{scale}-{args.algorithm}-s{args.seed}"
+        if (run_dir / "checkpoints" / "latest_checkpointed_iteration.txt").exists():
+            print(f"resuming the run in {run_dir} from its last checkpoint")
+        run_dir.mkdir(parents=True, exist_ok=True)
     report = env_report()
     (run_dir / "env.json").write_text(json.dumps(report, indent=1))
     print(f"speedrun: scale={scale} algorithm={args.algorithm} seed={args.seed}"
           f"{' (dry run)' if args.dry_run else ''}\nrun folder: {run_dir}")
     rows, missing = [], []
     for name, what, chapter in STAGES[scale]:
+        if scale == "tiny" and name == "rl" and args.engine == "verl":
+            what, chapter = "RL with verl's own trainer (Ray, FSDP, our agent loop) on this CPU", "15 · verl on a CPU"
         fn = BUILT.get(f"{scale}/{name}")
         if fn is None:
             status = "NOT BUILT YET"
@@ -198,7 +217,8 @@ def run(args, scale: str) -> int:
 def tiny_run_dir(args) -> Path:
     "runs/tiny-<task>-<algo>-s<seed>[-<preset>]: an unfinished run there is resumed, a finished one kept (-2, -3, ...)."
     base = Path(args.out) / (f"tiny-{args.task}-{args.algorithm}-s{args.seed}"
-                             + ("" if args.preset == "tiny" else f"-{args.preset}"))
+                             + ("" if args.preset == "tiny" else f"-{args.preset}")
+                             + ("" if args.engine == "reference" else f"-{args.engine}"))
     d, n = base, 1
     while (d / ".eval.done").exists():
         n += 1
@@ -247,10 +267,17 @@ def tiny_stage(name: str):
             _SUITES[key] = build_suite(cfg)
         if name == "data" and (Path(run_dir) / "config.json").exists():
             print(f"  resuming the unfinished run in {run_dir}")
+        if name == "rl" and args.engine == "verl":
+            return verl_rl(cfg, Path(run_dir), _SUITES[key])
         try:
             evals = run_speedrun(cfg, run_dir, stages=[name], suite=_SUITES[key])
         except ValueError as e:
             raise SystemExit(f"error: {e}")
+        if name == "eval" and args.engine == "verl":
+            from agent_r1_tutorial.verl_cpu import verl_report
+
+            report = Path(run_dir) / "report.md"  # the speedrun's report card, and what verl's run logged
+            report.write_text(report.read_text() + "\n" + verl_report(Path(run_dir) / "verl"))
         times = json.loads((Path(run_dir) / "stages.json").read_text())
         took = f"({times.get(name, 0):.0f} s)"
         key = {"sft": "sft", "eval": "final"}.get(name)
@@ -260,6 +287,25 @@ def tiny_stage(name: str):
             return f"done {took}: held-out EM {ems}"
         return f"done {took}"
     return stage
+
+
+def verl_rl(cfg, run_dir: Path, suite) -> str:
+    "The RL stage on verl's own trainer (chapter 15), resumed from its last checkpoint when started again."
+    from agent_r1_tutorial.speedrun import _done, _mark
+    from agent_r1_tutorial.verl_cpu import verl_rl_stage
+
+    if _done(run_dir, "rl"):
+        return "done before"
+    t0 = time.time()
+    try:
+        res = verl_rl_stage(cfg, run_dir, suite)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        raise SystemExit(f"error: {e}")
+    times = json.loads((run_dir / "stages.json").read_text()) if (run_dir / "stages.json").exists() else {}
+    _mark(run_dir, "rl", time.time() - t0, times)
+    steps = [m for m in res["metrics"] if m["step"] >= 1]
+    per_step = sum(m.get("timing_s/step", 0.0) for m in steps) / max(1, len(steps))
+    return f"done ({time.time() - t0:.0f} s): {len(steps)} verl steps, {per_step:.1f} s per step"
 
 
 BUILT.update({f"tiny/{n}": tiny_stage(n) for n in ("data", "sft", "rl", "eval")})
@@ -365,7 +411,8 @@ def _run_config(run_dir, args):
     from agent_r1_tutorial import verl_launch as vl
 
     data = Path(run_dir) / "data"
-    knobs = dict(algorithm=args.algorithm, train_files=str(data / "train.parquet"),
+    knobs = dict(algorithm=args.algorithm, train_files=str(data / "train.parquet"), logger=("console", "file"),
+                 rollout_data_dir=str(Path(run_dir) / "rollouts"),
                  val_files=str(data / "validation.parquet"), checkpoint_dir=str(Path(run_dir) / "checkpoints"),
                  seed=args.seed, experiment_name=Path(run_dir).name, extra_overrides=tuple(args.override))
     for opt, key in (("gpus", "n_gpus_per_node"), ("nnodes", "nnodes"), ("model", "model_path"),
@@ -431,9 +478,12 @@ def full_train(run_dir, args) -> str:
     if len(cmds) > 1:
         _say("multi-node: start the head, join each worker node, then submit (launch.sh holds the three steps)")
         return "commands written"
-    log = run_dir / "train.log"
+    n = 1 + len(list(run_dir.glob("train-*.log")))  # each launch keeps its log and metrics: a resumed run loses none
+    log = run_dir / f"train-{n}.log"
+    env = {**os.environ, "VERL_FILE_LOGGER_PATH": str((run_dir / f"metrics-{n}.jsonl").resolve())}
+    _say(f"training; the log is {log}")
     with open(log, "w") as f:
-        proc = subprocess.run(["bash", str(run_dir / "launch.sh")], stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.run(["bash", str(run_dir / "launch.sh")], stdout=f, stderr=subprocess.STDOUT, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"error: training failed (exit {proc.returncode}); the log is {log}")
     return "done"
@@ -471,11 +521,24 @@ def _dry_run_agent_loop(run_dir, cfg, tokenizer, model):
 
 
 def full_eval(run_dir, args) -> str:
-    "EM and F1 on the HotpotQA dev sample from the merged checkpoint: needs the trained model (GPU)."
+    "EM on the HotpotQA dev sample: verl's validation after the last step (greedy, scored by our compute_score)."
     if args.dry_run:
-        _say("needs a trained checkpoint: merged to Hugging Face format, served by vLLM, scored with compute_score")
+        _say("reads verl's validation after the last step: exact match on the dev sample, scored by compute_score")
         return "needs GPUs"
-    return "NOT BUILT YET"
+    from agent_r1_tutorial.verl_launch import latest_verl_checkpoint, read_verl_metrics
+
+    val = [(m["step"], k, v) for m in read_verl_metrics(run_dir) for k, v in m.items() if k.startswith("val-core/")]
+    if not val:
+        raise SystemExit(f"error: verl logged no validation in {run_dir} (metrics-*.jsonl); see its train-*.log")
+    last = max(s for s, _, _ in val)
+    for s, k, v in val:
+        if s in (0, last):
+            _say(f"step {s}: {k} = {v:.4f}")
+    ckpt = latest_verl_checkpoint(Path(run_dir) / "checkpoints")
+    if ckpt is not None:
+        _say(f"the trained model: {ckpt / 'actor' / 'huggingface'} (python scripts/chat.py {ckpt} --tools search ...)")
+    acc = [v for s, k, v in val if s == last and k.endswith("/acc/mean@1")]
+    return f"EM {acc[0]:.3f} at step {last}" if acc else f"validated at step {last}"
 
 
 BUILT.update({"full/preflight": full_preflight, "full/env": full_env, "full/data": full_data,
@@ -488,6 +551,9 @@ def main(argv=None) -> int:
     scale = resolve(args, ap)
     if args.print_scale:
         print(scale)
+        return 0
+    if args.print_needs_verl:  # speedrun.sh: install verl's CPU build into .venv first?
+        print("yes" if scale == "full" or args.engine == "verl" else "no")
         return 0
     if args.preflight_only:  # speedrun.sh, before the GPU environment exists (standard library only)
         return 0 if full_preflight(None, args, gate=True) != "FAILED" else 1

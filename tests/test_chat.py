@@ -194,3 +194,16 @@ def test_command_line_has_no_traceback(ckpt, tmp_path):
     res = subprocess.run([sys.executable, "scripts/chat.py", "--backend", "tpu", str(ckpt)],
                          cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 2 and "invalid choice: 'tpu'" in res.stderr
+
+
+def test_a_verl_checkpoint_without_weights_says_how_to_merge(ckpt, tmp_path):
+    "verl keeps config and tokenizer in actor/huggingface; without hf_model in save_contents the weights are shards."
+    import shutil
+
+    hf = tmp_path / "global_step_3" / "actor" / "huggingface"
+    shutil.copytree(ckpt / "policy", hf)
+    assert chat.model_folder(str(tmp_path / "global_step_3")) == hf  # with weights (hf_model saved): loads
+    for w in hf.glob("*.safetensors"):
+        w.unlink()
+    with pytest.raises(chat.UsageError, match="no weights.*verl.model_merger merge --backend fsdp"):
+        chat.model_folder(str(tmp_path / "global_step_3"))

@@ -39,6 +39,7 @@ def test_modules_import_without_verl_and_say_what_to_install():
         import agent_r1_tutorial.verl_bridge as vb
         import agent_r1_tutorial.verl_data as vd
         import agent_r1_tutorial.verl_launch as vl
+        import agent_r1_tutorial.verl_cpu as vc  # the CPU run's module too: its verl classes are built on first use
         assert "verl" not in [m.split(".")[0] for m in sys.modules if sys.modules[m] is not None]
         rows = vd.hotpotqa_rows(vd.hotpotqa_toy_sample(4), "train")  # data preparation needs no verl
         print(len(rows), vl.verl_overrides(vl.VerlRunConfig("ppo"))[0])
@@ -46,11 +47,16 @@ def test_modules_import_without_verl_and_say_what_to_install():
             vb.register_with_verl()
         except ImportError as e:
             print("ImportError:", e)
+        try:
+            vc.cpu_platform_class()
+        except ImportError:
+            print("cpu platform needs verl")
     """)
     code_, out, err = _run([sys.executable, "-c", code], env={vb.EXTERNAL_MODULES_ENV: ""})
     assert code_ == 0, err
     assert "4 algorithm.adv_estimator=ar1_gae" in out
     assert "register_with_verl needs verl" in out and "scripts/setup.sh dev" in out
+    assert "cpu platform needs verl" in out
 
 
 # ---------------------------------------------------------------- registries

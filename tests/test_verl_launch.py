@@ -125,7 +125,7 @@ def test_launch_commands():
     assert "ray start --head" in many["head"] and "--num-gpus=8" in many["head"]
     assert "--address=10.1.2.3:6379" in many["worker"]
     assert "ray job submit --address=http://10.1.2.3:8265" in many["submit"] and "trainer.nnodes=2" in many["submit"]
-    assert vb.MODULE_NAME in many["submit"].split(" -- ")[0]  # the job's runtime env carries the registration
+    assert vb.MODULE_NAME in many["submit"].split(" -- ", 1)[1]  # the job's entrypoint carries the registration
 
 
 # ---------------------------------------------------------------- preflight
@@ -353,3 +353,54 @@ def test_speedrun_full_options_are_checked():
     assert code == 2 and "--gpus must be a positive integer" in err
     code, out, err = _run(["bash", "speedrun.sh", "grpo", "--dry-run", "--override", "novalue"])
     assert code == 2 and "--override needs KEY=VALUE" in err
+
+
+def test_multi_node_job_has_no_runtime_env_conflict():
+    "Ray refuses to merge a job's runtime env with ray.init's when both set a variable: the job sets none."
+    cmds = vl.launch_commands(vl.VerlRunConfig("grpo", nnodes=2, n_gpus_per_node=8), head_address="10.0.0.1")
+    assert "--runtime-env-json" not in cmds["submit"]
+    entry = cmds["submit"].split(" -- ", 1)[1]
+    assert entry.startswith(f"env {vb.EXTERNAL_MODULES_ENV}={vb.MODULE_NAME} /")  # absolute: runs in Ray's job supervisor
+    assert f"+ray_kwargs.ray_init.runtime_env.env_vars.{vb.EXTERNAL_MODULES_ENV}={vb.MODULE_NAME}" in entry
+
+
+def test_checkpoints_hold_hugging_face_weights_and_runs_log_their_rollouts():
+    ov = vl.verl_overrides(vl.VerlRunConfig("grpo", rollout_data_dir="runs/x/rollouts", episode_dir="runs/x/episodes"))
+    assert "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]" in ov
+    assert "trainer.rollout_data_dir=runs/x/rollouts" in ov and "+actor_rollout_ref.rollout.custom.ar1_episode_dir=runs/x/episodes" in ov
+    assert not any("save_contents" in o for o in vl.verl_overrides(vl.VerlRunConfig("grpo", save_hf_model=False)))
+    with pytest.raises(ValueError, match="episode_dir"):
+        vl.VerlRunConfig("grpo", episode_dir="a folder with spaces")
+
+
+def test_full_run_folder_is_stable_and_resumes(tmp_path, monkeypatch, capsys):
+    "`bash speedrun.sh grpo` started again finds its folder, and verl's checkpoints in it (stages stubbed: no GPU here)."
+    import speedrun
+
+    seen = []
+    monkeypatch.setattr(speedrun, "nvidia_gpus", lambda: ["GPU 0: stand-in"])
+    for name in ("preflight", "env", "data", "index", "train", "eval"):
+        monkeypatch.setitem(speedrun.BUILT, f"full/{name}", lambda run_dir, args, name=name: seen.append((name, run_dir)) or "ok")
+    for attempt in (1, 2):
+        assert speedrun.main(["grpo", "--out", str(tmp_path)]) == 0
+        if attempt == 1:
+            ckpt = tmp_path / "full-grpo-s0" / "checkpoints"
+            ckpt.mkdir(parents=True)
+            (ckpt / "latest_checkpointed_iteration.txt").write_text("7")
+    dirs = {d for _, d in seen}
+    assert dirs == {tmp_path / "full-grpo-s0"}
+    assert "resuming the run in" in capsys.readouterr().out
+
+
+def test_full_eval_reports_verls_last_validation(tmp_path):
+    import speedrun
+
+    lines = [{"step": 0, "data": {"val-core/hotpotqa/hotpot_qa/acc/mean@1": 0.21}},
+             {"step": 5, "data": {"actor/pg_loss": 0.1}},
+             {"step": 10, "data": {"val-core/hotpotqa/hotpot_qa/acc/mean@1": 0.43}}]
+    (tmp_path / "metrics-1.jsonl").write_text("\n".join(json.dumps(l) for l in lines))
+    args = speedrun.parser().parse_args(["grpo"])
+    assert speedrun.full_eval(tmp_path, args) == "EM 0.430 at step 10"
+    (tmp_path / "metrics-1.jsonl").write_text(json.dumps(lines[1]))
+    with pytest.raises(SystemExit, match="logged no validation"):
+        speedrun.full_eval(tmp_path, args)

@@ -1,0 +1,186 @@
+"""verl's own trainer on this CPU (chapter 15): `bash speedrun.sh grpo --engine verl` end to end on the CI preset, and
+what the run must show: the weights changed, finite metrics, multi-turn episodes of our agent loop with tool calls and a
+response mask over the model's tokens only, scores from our reward function, checkpoints that resume, and one update
+equal to the reference trainer's.
+
+These tests start Ray and verl's workers: a few minutes on 2 cores, most of it in one module-scoped run.
+"""
+import json
+import math
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT
+
+HAS_VERL = __import__("importlib").util.find_spec("verl") is not None
+pytestmark = pytest.mark.skipif(not HAS_VERL, reason="verl (CPU build) is not installed")
+
+
+def speedrun(*args, timeout=1200):
+    res = subprocess.run(["bash", str(ROOT / "speedrun.sh"), *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=timeout)
+    return res.returncode, res.stdout, res.stderr
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    "The CI preset's speedrun with its RL stage on verl: 2 GRPO steps of 4 questions x 4 episodes."
+    out = tmp_path_factory.mktemp("runs")
+    code, stdout, stderr = speedrun("grpo", "--engine", "verl", "--preset", "ci", "--set", "rl_steps=2", "--out", out)
+    assert code == 0, (stdout + stderr)[-4000:]
+    run_dir = out / "tiny-search-grpo-s0-ci-verl"
+    return {"dir": run_dir, "verl": run_dir / "verl", "stdout": stdout}
+
+
+def test_the_cli_ran_every_stage_on_verl(run):
+    out = run["stdout"]
+    assert "rl         done" in out and "2 verl steps" in out and "15 · verl on a CPU" in out
+    assert "actor_rollout_ref.rollout.name=ar1_hf" in out  # the CPU overrides are printed, with their reasons
+    assert all((run["dir"] / f".{s}.done").exists() for s in ("data", "sft", "rl", "eval"))
+    report = (run["dir"] / "report.md").read_text()
+    assert "SFT + grpo" in report and "## verl's trainer on this CPU" in report
+
+
+def test_metrics_are_finite_and_the_weights_changed(run):
+    from transformers import AutoModelForCausalLM
+
+    from agent_r1_tutorial.verl_cpu import read_verl_metrics
+
+    steps = [m for m in read_verl_metrics(run["verl"]) if m["step"] >= 1]
+    assert [m["step"] for m in steps] == [1, 2]
+    for m in steps:
+        for k in ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "timing_s/gen", "timing_s/update_actor"):
+            assert math.isfinite(m[k]), (m["step"], k, m[k])
+    assert any(m["actor/grad_norm"] > 0 for m in steps)
+    before = AutoModelForCausalLM.from_pretrained(run["dir"] / "sft_model").state_dict()
+    after = AutoModelForCausalLM.from_pretrained(run["dir"] / "final_model").state_dict()
+    moved = max(float((after[k] - before[k]).abs().max()) for k in before)
+    decay_only = 2 * 2e-5 * 0.01 * max(float(w.abs().max()) for w in before.values())  # AdamW's decay, 2 steps
+    assert moved > 10 * decay_only, moved  # the gradient moved them, not the weight decay alone
+
+
+def test_our_agent_loop_played_multi_turn_episodes_with_a_mask_over_model_tokens(run):
+    from transformers import AutoTokenizer
+
+    from agent_r1_tutorial.verl_cpu import mask_segments, read_episodes
+
+    tok = AutoTokenizer.from_pretrained(run["dir"] / "sft_model")
+    for step in (1, 2):
+        eps = read_episodes(run["verl"], step)
+        assert len(eps) == 16 and len({(e["uid"], e["session_id"]) for e in eps}) == 16
+    eps = read_episodes(run["verl"], None, None)
+    assert any(e["num_steps"] >= 2 and e["num_tool_calls"] >= 1 for e in eps)  # multi-turn, with searches
+    seen_tool_reply = False
+    for e in eps:
+        for o in e["outputs"]:
+            assert len(o["response_ids"]) == len(o["response_mask"]) == len(o["response_logprobs"])
+            assert o["response_mask"][0] == 1  # a response starts with what the model sampled
+            for (m, text), lp in zip(mask_segments(o, tok), _runs(o)):
+                if m == 0:  # what the environment said: a tool reply in its chat markup, no log-probs
+                    assert "<tool_response>" in text and all(x == 0.0 for x in lp), text
+                    seen_tool_reply = True
+                else:  # what the model sampled, with the log-probs it was sampled with
+                    assert "<tool_response>" not in text and all(x < 0 for x in lp)
+    assert seen_tool_reply
+
+
+def _runs(o):
+    "The response log-probs cut where the mask changes (as mask_segments cuts the text)."
+    out, i, mask, lps = [], 0, o["response_mask"], o["response_logprobs"]
+    while i < len(mask):
+        j = i
+        while j < len(mask) and mask[j] == mask[i]:
+            j += 1
+        out.append(lps[i:j])
+        i = j
+    return out
+
+
+def test_verl_scored_each_episode_with_our_reward_function(run):
+    from transformers import AutoTokenizer
+
+    from agent_r1_tutorial.rewards import compute_score
+    from agent_r1_tutorial.verl_cpu import read_episodes
+
+    tok = AutoTokenizer.from_pretrained(run["dir"] / "sft_model")
+    for step in (1, 2):
+        verl_scores = {json.loads(l)["uid"]: json.loads(l)["score"]
+                       for l in (run["verl"] / "rollouts" / f"{step}.jsonl").read_text().splitlines()}
+        eps = read_episodes(run["verl"], step)
+        assert len(verl_scores) == len(eps)
+        for e in eps:
+            text = tok.decode(e["outputs"][-1]["response_ids"], skip_special_tokens=True)  # as verl's reward loop
+            ours = compute_score("tiny_qa", text, e["ground_truth"], {"fmt": "hermes", "metric": "em"})["score"]
+            assert verl_scores[f"{e['uid']}_{e['session_id']}_0"] == pytest.approx(ours), text
+
+
+def test_one_update_equals_the_reference_trainers(run):
+    from agent_r1_tutorial.speedrun import SpeedrunConfig
+    from agent_r1_tutorial.verl_cpu import cpu_run_config, reference_replay
+
+    cfg = SpeedrunConfig.preset("ci", rl_steps=2)
+    verl_run = cpu_run_config(cfg, run["dir"] / "sft_model", run["verl"], max_prompt_length=256)
+    r = reference_replay(verl_run, run["verl"], step=1)
+    assert r["rows"] == 16 and r["groups"] == 4
+    for k in ("actor/pg_loss", "actor/grad_norm"):  # float32 on both sides: only the order of operations differs
+        assert r["reference"][k] == pytest.approx(r["verl"][k], rel=1e-5, abs=1e-6), k
+    assert r["max_weight_diff"] < 0.1 * cfg.rl_lr  # under a tenth of one Adam step (where |g| is as small as eps)
+
+
+def test_a_checkpoint_was_written_and_the_run_resumes_from_it(run, capsys):
+    from agent_r1_tutorial.speedrun import SpeedrunConfig, build_suite
+    from agent_r1_tutorial.verl_cpu import latest_verl_checkpoint, read_verl_metrics, verl_rl_stage
+
+    ckpt = latest_verl_checkpoint(run["verl"] / "checkpoints")
+    assert ckpt.name == "global_step_2"
+    assert next((ckpt / "actor" / "huggingface").glob("*.safetensors"), None) is not None  # hf_model saved
+    assert (ckpt / "data.pt").exists()  # the data loader's position
+    cfg = SpeedrunConfig.preset("ci", rl_steps=2)
+    res = verl_rl_stage(cfg, run["dir"], build_suite(cfg), steps=3)
+    assert "resuming from global_step_2" in capsys.readouterr().out
+    assert latest_verl_checkpoint(run["verl"] / "checkpoints").name == "global_step_3"
+    second = [json.loads(l)["step"] for l in (run["verl"] / "metrics-2.jsonl").read_text().splitlines()]
+    assert 1 not in second and 2 not in second and 3 in second  # it trained step 3 only
+    assert [m["step"] for m in read_verl_metrics(run["verl"]) if m["step"] >= 1] == [1, 2, 3]
+    assert (run["verl"] / "train-1.log").exists() and (run["verl"] / "train-2.log").exists()  # no log lost
+
+
+def test_bad_input_is_refused_with_a_reason(tmp_path):
+    from agent_r1_tutorial.speedrun import SpeedrunConfig
+    from agent_r1_tutorial.verl_cpu import cpu_run_config, launch_verl, verl_rl_stage
+
+    code, _, err = speedrun("grpo", "--engine", "verl", "--task", "arith", "--out", tmp_path)
+    assert code == 2 and "--engine verl runs the search task" in err
+    code, _, err = speedrun("grpo", "--engine", "verl", "--dry-run", "--out", tmp_path)
+    assert code == 2 and "drop one of them" in err
+    with pytest.raises(FileNotFoundError, match="run the data and sft stages first"):
+        verl_rl_stage(SpeedrunConfig.preset("ci"), tmp_path, suite=None)
+    with pytest.raises(ValueError, match="runs the search task"):
+        verl_rl_stage(SpeedrunConfig.preset("ci", task="arith"), tmp_path, suite=None)
+    import dataclasses
+
+    bad = cpu_run_config(SpeedrunConfig.preset("ci"), tmp_path, tmp_path / "verl", 128)
+    bad = dataclasses.replace(bad, extra_overrides=bad.extra_overrides + ("algorithm.no_such_key=1",))
+    with pytest.raises(RuntimeError, match="exited with status"):
+        launch_verl(bad, tmp_path / "verl", timeout=300)
+    assert "no_such_key" in (tmp_path / "verl" / "train-1.log").read_text()  # the log keeps verl's own message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["ppo", "reinforce_pp", "rloo", "steppo"])
+def test_every_other_algorithm_runs_a_step(algorithm, run, tmp_path):
+    import shutil
+
+    from agent_r1_tutorial.speedrun import SpeedrunConfig, build_suite
+    from agent_r1_tutorial.verl_cpu import verl_rl_stage
+
+    shutil.copytree(run["dir"] / "sft_model", tmp_path / "sft_model")
+    cfg = SpeedrunConfig.preset("ci", algorithm=algorithm, rl_steps=1)
+    res = verl_rl_stage(cfg, tmp_path, build_suite(cfg), verbose=False)
+    m = next(x for x in res["metrics"] if x["step"] == 1)
+    assert math.isfinite(m["actor/pg_loss"]) and math.isfinite(m["actor/grad_norm"])
+    if algorithm in ("ppo", "steppo"):  # verl's critic, loaded with the patched loader, trained
+        assert math.isfinite(m["critic/vf_loss"])
