@@ -31,7 +31,7 @@ __all__ = ['AGENT_NAME', 'MODULE_NAME', 'LAYOUTS', 'VERL_PREFIX', 'EXTERNAL_MODU
            'run_agent_episode', 'episode_response_ids', 'episode_outputs', 'episode_log_record', 'log_episode',
            'TokenIds', 'LocalServerManager', 'verl_agent_loop_class', 'verl_name', 'as_verl_adv_estimator',
            'global_loss_scale', 'as_verl_policy_loss', 'register_with_verl', 'split_batch_keys',
-           'compute_advantage_multi_step', 'patch_verl_trainer', 'patch_verl_critic_loader']
+           'compute_advantage_multi_step', 'replace_verl_attribute', 'patch_verl_trainer', 'patch_verl_critic_loader']
 
 # %% ../nbs/12_verl.ipynb #66760931
 AGENT_NAME = "ar1_agent"  # the agent loop our data rows ask for (parquet column `agent_name`)
@@ -653,34 +653,46 @@ def compute_advantage_multi_step(
     return data
 
 
+def replace_verl_attribute(
+    modules: Sequence,  # the modules that hold the attribute (verl sometimes imports a function into a second one)
+    name: str,  # the attribute
+    make: Callable,  # original -> replacement
+    params: tuple[str, ...] | None = None,  # the parameters the original must have (None: not a function, no check)
+) -> list[str]:  # "module.name" of every attribute replaced
+    "Patch verl once: replace `name` by `make(original)`, where a second call wraps verl's original again, not our wrapper."
+    import inspect
+
+    current = getattr(modules[0], name)
+    original = getattr(current, "__ar1_original__", current)
+    if params is not None and tuple(inspect.signature(original).parameters) != params:
+        raise RuntimeError(f"{modules[0].__name__}.{name} has the parameters "
+                           f"{tuple(inspect.signature(original).parameters)}, not {params}: this patch is written for "
+                           "verl 0.9.1 and must be checked against the installed version")
+    new = make(original)
+    new.__ar1_original__ = original
+    if callable(original) and not isinstance(original, type):
+        new.__doc__ = original.__doc__
+    done = []
+    for mod in modules:
+        if getattr(mod, name, None) is not None:
+            setattr(mod, name, new)
+            done.append(f"{mod.__name__}.{name}")
+    return done
+
+
 def patch_verl_trainer() -> list[str]:  # the module attributes replaced
     "Make verl 0.9.1's v1 trainer compute our estimators with values, trajectory ids and step indices (idempotent)."
     _import_verl("patch_verl_trainer")
-    import inspect
-
     from verl.trainer.ppo.v1 import trainer_base, utils
 
-    current = utils.compute_advantage_for_multi_trajectories
-    original = getattr(current, "__ar1_original__", current)
-    params = tuple(inspect.signature(original).parameters)
-    if params != _MULTI_TRAJ_ARGS:
-        raise RuntimeError(f"verl's compute_advantage_for_multi_trajectories has the parameters {params}, not "
-                           f"{_MULTI_TRAJ_ARGS}: this patch is written for verl 0.9.1 and must be checked against "
-                           "the installed version")
-
-    def patched(data, batch_keys, adv_estimator, gamma=1.0, lam=1.0, num_repeat=1, norm_adv_by_std_in_grpo=True,
-                config=None):
-        return compute_advantage_multi_step(data, batch_keys, adv_estimator, gamma, lam, num_repeat,
-                                            norm_adv_by_std_in_grpo, config, fallback=original)
-
-    patched.__ar1_original__ = original
-    patched.__doc__ = original.__doc__
-    done = []
-    for mod in (utils, trainer_base):
-        if getattr(mod, "compute_advantage_for_multi_trajectories", None) is not None:
-            mod.compute_advantage_for_multi_trajectories = patched
-            done.append(f"{mod.__name__}.compute_advantage_for_multi_trajectories")
-    return done
+    def make(original):
+        def compute_advantage_for_multi_trajectories(data, batch_keys, adv_estimator, gamma=1.0, lam=1.0, num_repeat=1,
+                                                     norm_adv_by_std_in_grpo=True, config=None):
+            return compute_advantage_multi_step(data, batch_keys, adv_estimator, gamma, lam, num_repeat,
+                                                norm_adv_by_std_in_grpo, config, fallback=original)
+        return compute_advantage_for_multi_trajectories
+    return replace_verl_attribute((utils, trainer_base), "compute_advantage_for_multi_trajectories", make,
+                                  _MULTI_TRAJ_ARGS)
 
 
 def _autoregister():
@@ -696,32 +708,21 @@ _LOADER_ARGS = ("local_path", "torch_dtype", "model_config", "trust_remote_code"
 def patch_verl_critic_loader() -> list[str]:  # the module attributes replaced
     "Make verl 0.9.1 load the critic with the configured attention kernel instead of flash-attn (idempotent)."
     _import_verl("patch_verl_critic_loader")
-    import inspect
-
     from verl.utils import model as verl_model
 
-    current = verl_model.load_valuehead_model
-    original = getattr(current, "__ar1_original__", current)
-    params = tuple(inspect.signature(original).parameters)
-    if params != _LOADER_ARGS:
-        raise RuntimeError(f"verl's load_valuehead_model has the parameters {params}, not {_LOADER_ARGS}: this patch "
-                           "is written for verl 0.9.1 and must be checked against the installed version")
+    def make(original):
+        def load_valuehead_model(local_path, torch_dtype, model_config, trust_remote_code):
+            attn = getattr(model_config, "_attn_implementation", None)
+            if attn in (None, "flash_attention_2"):  # what verl asks for anyway
+                return original(local_path, torch_dtype, model_config, trust_remote_code)
+            from transformers import AutoModelForTokenClassification
 
-    def load_valuehead_model(local_path, torch_dtype, model_config, trust_remote_code):
-        attn = getattr(model_config, "_attn_implementation", None)
-        if attn in (None, "flash_attention_2"):  # what verl asks for anyway
-            return original(local_path, torch_dtype, model_config, trust_remote_code)
-        from transformers import AutoModelForTokenClassification
-
-        # a token classifier with one label is verl's value model: a value for every position
-        return AutoModelForTokenClassification.from_pretrained(
-            local_path, torch_dtype=torch_dtype, config=model_config, attn_implementation=attn,
-            trust_remote_code=trust_remote_code)
-
-    load_valuehead_model.__ar1_original__ = original
-    load_valuehead_model.__doc__ = original.__doc__
-    verl_model.load_valuehead_model = load_valuehead_model
-    return [f"{verl_model.__name__}.load_valuehead_model"]
+            # a token classifier with one label is verl's value model: a value for every position
+            return AutoModelForTokenClassification.from_pretrained(
+                local_path, torch_dtype=torch_dtype, config=model_config, attn_implementation=attn,
+                trust_remote_code=trust_remote_code)
+        return load_valuehead_model
+    return replace_verl_attribute((verl_model,), "load_valuehead_model", make, _LOADER_ARGS)
 
 # %% ../nbs/12_verl.ipynb #a2f45328
 _autoregister()

@@ -27,7 +27,7 @@ from .mdp import Step, Trajectory
 from .search import BM25Retriever, DenseRetriever, SentenceEncoder, once_per_process
 from .speedrun import CachedEncoder, SpeedrunConfig, World, WorldSearchTool
 from .tools import register_tool
-from .verl_bridge import AGENT_NAME, EXTERNAL_MODULES_ENV, register_with_verl
+from .verl_bridge import AGENT_NAME, EXTERNAL_MODULES_ENV, register_with_verl, replace_verl_attribute
 from .verl_data import check_row, write_rows
 from .verl_launch import RECIPES, VerlRunConfig, latest_verl_checkpoint, read_verl_metrics, verl_overrides
 
@@ -130,22 +130,6 @@ def register_cpu_engines() -> list[str]:  # "model_type/backend" pairs now offer
     return done
 
 # %% ../nbs/15_verl_cpu.ipynb #9ccc622b
-def _replace(module, name: str, make, params: tuple[str, ...] | None = None) -> str:
-    "Replace `module.name` by `make(original)`, once: a second call wraps verl's original again, not our wrapper."
-    import inspect
-
-    current = getattr(module, name)
-    original = getattr(current, "__ar1_original__", current)
-    if params is not None and tuple(inspect.signature(original).parameters) != params:
-        raise RuntimeError(f"{module.__name__}.{name} has the parameters {tuple(inspect.signature(original).parameters)}, "
-                           f"not {params}: this patch is written for verl 0.9.1 and must be checked against the "
-                           "installed version")
-    new = make(original)
-    new.__ar1_original__ = original
-    setattr(module, name, new)
-    return f"{module.__name__}.{name}"
-
-
 def patch_gloo_process_group() -> str:  # the attribute replaced
     "Let verl's workers start torch.distributed with gloo alone: the string verl builds names the CPU twice."
     import verl.workers.engine_workers as engine_workers
@@ -155,7 +139,8 @@ def patch_gloo_process_group() -> str:  # the attribute replaced
             # verl asks for f"cpu:gloo,{device}:{backend}", which on this platform is "cpu:gloo,cpu:gloo"
             return original(timeout_second=timeout_second, backend=backend or "cpu:gloo")
         return initialize_global_process_group_ray
-    return _replace(engine_workers, "initialize_global_process_group_ray", make, ("timeout_second", "backend"))
+    return replace_verl_attribute((engine_workers,), "initialize_global_process_group_ray", make,
+                                  ("timeout_second", "backend"))[0]
 
 
 def patch_unpinned_offload() -> str:  # the attribute replaced
@@ -170,7 +155,7 @@ def patch_unpinned_offload() -> str:  # the attribute replaced
             def __post_init__(self):
                 self.pin_memory = False
         return UnpinnedCPUOffloadPolicy
-    return _replace(fsdp_impl, "CPUOffloadPolicy", make)
+    return replace_verl_attribute((fsdp_impl,), "CPUOffloadPolicy", make)[0]
 
 # %% ../nbs/15_verl_cpu.ipynb #044069e7
 ROLLOUT = "ar1_hf"  # actor_rollout_ref.rollout.name of the CPU run
