@@ -108,10 +108,12 @@ class HFBackend(PolicyBackend):
         self.device = next(model.parameters()).device
         self.generator = generator if generator is not None else torch.Generator(device=self.device)
         self.state = _KVState()
-        self.stats = {"fed_tokens": 0, "generated_tokens": 0, "forward_calls": 0, "cache_restarts": 0}
+        self.stats = {"fed_tokens": 0, "generated_tokens": 0, "forward_calls": 0, "cache_restarts": 0,
+                      "prefill_s": 0.0, "decode_s": 0.0}  # forward time: contexts fed in, then one token per call
 
-    def _feed(self, new: list[list[int]]) -> torch.Tensor:
+    def _feed(self, new: list[list[int]], phase: str = "decode") -> torch.Tensor:
         "Feed each row's new tokens (left-padded to one length) on top of the cache; return the last logits."
+        t0 = time.perf_counter()
         st, B = self.state, len(new)
         n = max(len(x) for x in new)
         ids = torch.full((B, n), self.pad, dtype=torch.long)
@@ -130,7 +132,9 @@ class HFBackend(PolicyBackend):
             h.extend(x)
         self.stats["fed_tokens"] += int(m.sum())
         self.stats["forward_calls"] += 1
-        return out.logits[:, -1, :].float()
+        logits = out.logits[:, -1, :].float()
+        self.stats[f"{phase}_s"] += time.perf_counter() - t0
+        return logits
 
     def _prepare(self, contexts, keys) -> list[list[int]]:
         "Line the cache up with `keys`; return what each row still has to be fed."
@@ -156,7 +160,7 @@ class HFBackend(PolicyBackend):
         was_training = self.model.training
         self.model.eval()
         try:
-            logits = self._feed(self._prepare(contexts, keys))
+            logits = self._feed(self._prepare(contexts, keys), "prefill")
             B, stops = len(contexts), set(params.stop_token_ids)
             out_ids, out_lp = [[] for _ in range(B)], [[] for _ in range(B)]
             reason, active = ["length"] * B, [True] * B

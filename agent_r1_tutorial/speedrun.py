@@ -11,6 +11,7 @@ import json
 import math
 import random
 import re
+import sys
 import time
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
@@ -35,9 +36,9 @@ __all__ = ['ORG_SUFFIXES', 'ONE_HOP', 'TWO_HOP', 'TASKS', 'RETRIEVERS', 'STAGE_N
            'parse_question', 'search_call', 'stops_early', 'search_expert', 'play', 'make_arith_tasks', 'arith_reward',
            'arith_env', 'arith_expert', 'SpeedrunConfig', 'Suite', 'build_suite', 'expert_trajectories',
            'build_tokenizer', 'longest_turn', 'check_turn_budget', 'sft_loss', 'pretrain_batches', 'search_drill',
-           'arith_drill', 'drill_batches', 'sft_batches', 'train_lm', 'episode_record', 'evaluate_agent',
-           'rl_trainer_config', 'run_speedrun', 'plot_run', 'write_report', 'episode_html', 'trajectory_browser',
-           'fresh_world', 'ask']
+           'arith_drill', 'drill_batches', 'sft_batches', 'train_lm', 'episode_record', 'evaluate_agent', 'rl_signal',
+           'rl_trainer_config', 'run_speedrun', 'plot_run', 'em_timeline', 'plot_em_over_time', 'write_report',
+           'episode_html', 'trajectory_browser', 'fresh_world', 'ask']
 
 # %% ../nbs/11_speedrun.ipynb #42b22e8f
 _CONSONANTS, _VOWELS = "bdfgklmnprstvz", "aeiou"
@@ -456,6 +457,9 @@ class SpeedrunConfig:
     process_reward: float = 0.0  # step reward for a search that retrieves a passage on the chain (0: outcome only)
     max_new_tokens: int = 96  # per turn; the expert's longest turn must fit (`check_turn_budget`)
     max_turns: int = 4
+    filter_groups: bool = True  # update only on groups whose rewards differ (critic-free algorithms, no KL; chapter 10)
+    bypass_mode: bool = True  # the sampler's log-probs are the old ones (exact here: the sampler is the policy)
+    rl_eval_every: int = 0  # RL steps between held-out evaluations (0: only at the end)
     # --- bookkeeping
     eval_every: int = 650  # SFT steps between held-out evaluations (0: only at the end)
     save_every: int = 100  # SFT steps (and RL steps / 10) between checkpoints
@@ -482,7 +486,11 @@ class SpeedrunConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
-        for name in ("pretrain_steps", "drill_steps", "sft_steps", "rl_steps", "eval_every", "save_every"):
+        for name in ("filter_groups", "bypass_mode", "think"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        for name in ("pretrain_steps", "drill_steps", "sft_steps", "rl_steps", "eval_every", "save_every",
+                     "rl_eval_every"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"{name} must be a non-negative int, got {v!r}")
@@ -765,7 +773,7 @@ def evaluate_agent(
     max_new_tokens: int = 96,
     max_turns: int = 4,
 ) -> tuple[dict, list[dict]]:  # (metrics, episode records)
-    "Greedy episodes on `tasks`: exact match per kind, tool calls and turns per episode, agent tokens/s."
+    "Greedy episodes on `tasks`: exact match per kind, two-hop answers after two searches, tool calls, turns, tokens/s."
     model.eval()
     t0 = time.perf_counter()
     with torch.no_grad():
@@ -779,6 +787,9 @@ def evaluate_agent(
         rs = [r for r in records if r["kind"] == kind]
         out[f"em/{kind}"] = sum(r["reward"] for r in rs) / len(rs)
     out["em/all"] = sum(r["reward"] for r in records) / len(records)
+    two = [r for r in records if r["kind"] == "2-hop"]
+    if two:  # the skill RL has to find: a second search before the answer
+        out["after_2_searches/2-hop"] = sum(r["end"] == "answer" and r["tool_calls"] >= 2 for r in two) / len(two)
     out["tool_calls"] = sum(r["tool_calls"] for r in records) / len(records)
     out["turns"] = sum(len(r["turns"]) for r in records) / len(records)
     out["agent_tokens_per_s"] = sum(t.num_policy_tokens for t in trajs) / dt
@@ -803,15 +814,33 @@ def _load_model(path):
     return AutoModelForCausalLM.from_pretrained(path).eval()
 
 
+def rl_signal(metrics: Sequence[dict], window: int = 3) -> str | None:
+    "A warning when RL had nothing to learn from: `window` steps in a row where no group's rewards differed."
+    shares = [m["groups/with_variance"] for m in metrics if "groups/with_variance" in m]
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    run = 0
+    for i, s in enumerate(shares):
+        run = run + 1 if s == 0 else 0
+        if run == window:
+            return (f"RL has no signal: in {window} steps in a row (up to step {i + 1}) every group's episodes earned "
+                    "the same reward, so every advantage was zero and the policy could not change. The start is "
+                    "either always right or never right on the sampled prompts: check the SFT model's held-out EM, "
+                    "raise the temperature, or train on harder (or easier) prompts.")
+    return None
+
+
 def rl_trainer_config(cfg: SpeedrunConfig, out_dir: Path) -> TrainerConfig:
-    "The trainer's configuration for the RL stage."
+    "The trainer's configuration for the RL stage (the group filter only where it is free: no critic, no KL)."
+    free = not ALGORITHMS[cfg.algorithm][2] and cfg.kl_coef == 0
     return TrainerConfig(algorithm=cfg.algorithm, seed=cfg.seed, device="cpu", prompts_per_step=cfg.prompts_per_step,
                          group_size=cfg.group_size, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                          max_turns=cfg.max_turns + 1, lr=cfg.rl_lr, critic_lr=1e-3, warmup_steps=0,
                          mini_batch_size=min(64, cfg.prompts_per_step * cfg.group_size),
                          micro_batch_size=min(32, cfg.prompts_per_step * cfg.group_size), kl_coef=cfg.kl_coef,
                          process_rewards="raw" if cfg.process_reward else "off", out_dir=str(out_dir),
-                         save_every=max(1, cfg.rl_steps // 10) if cfg.rl_steps else 0)
+                         save_every=max(1, cfg.rl_steps // 10) if cfg.rl_steps else 0,
+                         filter_groups=cfg.filter_groups and free, bypass_mode=cfg.bypass_mode)
 
 
 def run_speedrun(
@@ -835,6 +864,8 @@ def run_speedrun(
             raise ValueError(f"{run_dir} holds a run with another configuration (differs in {diff}); "
                              "use a new folder, or the same configuration to resume it")
     cfg_file.write_text(json.dumps(asdict(cfg), indent=1))
+    if not (run_dir / "clock.json").exists():  # when the run began: the report's time axis
+        (run_dir / "clock.json").write_text(json.dumps({"start": time.time()}))
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
@@ -872,7 +903,7 @@ def run_speedrun(
                      cfg.drill_steps, cfg.sft_lr, "drill", run_dir, cfg.save_every, progress=progress,
                      rng=random.Random(cfg.seed + 2))
         def sft_eval():
-            return {k: v for k, v in ev(model)[0].items() if k.startswith("em/")}
+            return {k: v for k, v in ev(model)[0].items() if k.startswith(("em/", "after_2_searches/"))}
         train_lm(model, sft_batches(rows, tok.pad_token_id, cfg.sft_batch, random.Random(cfg.seed + 1)), cfg.sft_steps,
                  cfg.sft_lr, "sft", run_dir, cfg.save_every, eval_fn=sft_eval if cfg.eval_every else None,
                  eval_every=cfg.eval_every, progress=progress, rng=random.Random(cfg.seed + 1))
@@ -880,7 +911,7 @@ def run_speedrun(
         tok.save_pretrained(run_dir / "sft_model")
         evals["sft"], _ = ev(model)
         evals["no_tool"], _ = ev(model, suite.no_tool_env)
-        evals["sft"]["n_demos"] = len(demos)
+        evals["sft"].update(n_demos=len(demos), time=time.time())
         save_evals()
         _mark(run_dir, "sft", time.perf_counter() - t0, times)
     # --- rl
@@ -892,7 +923,25 @@ def run_speedrun(
         if ckpt is not None:
             trainer.load_checkpoint(ckpt)
         if cfg.rl_steps > trainer.global_step:
-            trainer.train(cfg.rl_steps - trainer.global_step, progress=progress)
+            from tqdm.auto import tqdm
+            rl_log = MetricsLogger(run_dir / "rl" / "eval.jsonl")  # held-out EM during RL, for the report's figure
+            history = read_jsonl(run_dir / "rl" / "metrics.jsonl") if (run_dir / "rl" / "metrics.jsonl").exists() else []
+            bar = tqdm(total=cfg.rl_steps, initial=trainer.global_step, desc=cfg.algorithm, disable=not progress)
+            warned = rl_signal(history) is not None
+            while trainer.global_step < cfg.rl_steps:
+                history.append(trainer.step())
+                bar.update(1)
+                bar.set_postfix(reward=f"{history[-1]['reward/outcome_mean']:.3f}",
+                                signal=f"{history[-1]['groups/with_variance']:.2f}")
+                if not warned and (msg := rl_signal(history)):
+                    warned = True
+                    print(f"warning: {msg}", file=sys.stderr)
+                if cfg.rl_eval_every and trainer.global_step % cfg.rl_eval_every == 0 \
+                        and trainer.global_step < cfg.rl_steps:  # the last one is the eval stage's
+                    m, _ = ev(trainer.policy)
+                    rl_log.log(trainer.global_step, **{k: v for k, v in m.items()
+                                                       if k.startswith(("em/", "after_2_searches/"))})
+            bar.close()
             trainer.save_checkpoint()
         trainer.policy.save_pretrained(run_dir / "final_model")
         tok.save_pretrained(run_dir / "final_model")
@@ -902,7 +951,7 @@ def run_speedrun(
         t0 = time.perf_counter()
         final = run_dir / ("final_model" if _done(run_dir, "rl") else "sft_model")
         evals["final"], records = ev(_load_model(final))
-        evals["final"]["model"] = final.name
+        evals["final"].update(model=final.name, time=time.time())
         save_evals()
         with open(run_dir / "episodes.jsonl", "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)
@@ -938,17 +987,75 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         plt.close(fig)
     rl = read_jsonl(run_dir / "rl" / "metrics.jsonl") if (run_dir / "rl" / "metrics.jsonl").exists() else []
     if rl:
-        keys = [("reward/outcome_mean", "outcome reward (train)"), ("episode/tool_calls_mean", "tool calls / episode"),
-                ("episode/turns_mean", "turns / episode"), ("episode/policy_tokens_mean", "response tokens / episode")]
-        fig, ax = plt.subplots(1, 4, figsize=(13, 3))
-        for a, (k, title) in zip(ax, keys):
+        keys = [("reward/outcome_mean", "outcome reward (train)"),
+                ("groups/with_variance", "share of groups with signal"),
+                ("episode/tool_calls_mean", "tool calls / episode"), ("episode/policy_tokens_mean", "response tokens / episode")]
+        fig, ax = plt.subplots(2, 2, figsize=(8, 5.5))
+        for a, (k, title) in zip(ax.flat, keys):
             a.plot([r["step"] for r in rl], [r.get(k, float("nan")) for r in rl], lw=1)
             a.set(title=title, xlabel="RL step")
         fig.tight_layout()
         out.append(run_dir / "plots" / "rl.png")
         fig.savefig(out[-1], dpi=110)
         plt.close(fig)
-    return out
+    story = plot_em_over_time(run_dir)
+    return ([story] if story else []) + out
+
+
+def em_timeline(run_dir: str | Path) -> list[dict]:
+    "Every held-out evaluation of a run, in order: stage, minutes since the run began, and its metrics."
+    run_dir = Path(run_dir)
+    start = json.loads((run_dir / "clock.json").read_text())["start"] if (run_dir / "clock.json").exists() else None
+    evals = json.loads((run_dir / "eval.json").read_text()) if (run_dir / "eval.json").exists() else {}
+    pts = []
+    for stage, path in (("sft", run_dir / "sft.jsonl"), ("rl", run_dir / "rl" / "eval.jsonl")):
+        if path.exists():
+            pts += [{"stage": stage, **r} for r in read_jsonl(path) if "em/2-hop" in r or "em/arith" in r]
+    pts += [{"stage": "sft_end", **evals["sft"]}] if "time" in evals.get("sft", {}) else []
+    if "time" in evals.get("final", {}) and evals["final"].get("model") == "final_model":
+        pts.append({"stage": "rl", **evals["final"]})
+    if start is None or not pts:
+        return []
+    return sorted(({**p, "minutes": (p["time"] - start) / 60} for p in pts if "time" in p), key=lambda p: p["time"])
+
+
+def plot_em_over_time(run_dir: str | Path) -> Path | None:
+    "The run at a glance: held-out EM per kind against wall-clock minutes through SFT and RL, baselines as lines."
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    pts = em_timeline(run_dir)
+    if not pts:
+        return None
+    evals = json.loads((run_dir / "eval.json").read_text()) if (run_dir / "eval.json").exists() else {}
+    kinds = sorted({k for p in pts for k in p if k.startswith("em/") and k != "em/all"})
+    two = "after_2_searches/2-hop" in pts[-1]
+    fig, axes = plt.subplots(1, 2 if two else 1, figsize=(10 if two else 6, 3.6), squeeze=False)
+    ax = axes[0, 0]
+    for i, k in enumerate(kinds):
+        ax.plot([p["minutes"] for p in pts if k in p], [p[k] for p in pts if k in p], "o-", color=f"C{i}",
+                label=k[3:])
+        for base, style in (("no_tool", ":"), ("sft", "--")):
+            if k in evals.get(base, {}):
+                ax.axhline(evals[base][k], color=f"C{i}", ls=style, lw=1)
+    rl_start = next((p["minutes"] for p in pts if p["stage"] == "sft_end"), None)
+    if rl_start is not None:
+        ax.axvline(rl_start, color="grey", lw=0.8)
+        ax.text(rl_start, 0.5, " RL starts", color="grey", fontsize=9)
+    ax.set(title="held-out exact match (- - SFT only, ··· no tool)", xlabel="minutes since the run began",
+           ylim=(-0.03, 1.03), xlim=(0, None))
+    ax.legend(loc="lower right")
+    if two:
+        a2 = axes[0, 1]
+        k = "after_2_searches/2-hop"
+        a2.plot([p["minutes"] for p in pts if k in p], [p[k] for p in pts if k in p], "o-", color="C3")
+        a2.set(title="two-hop answers given after two searches", xlabel="minutes since the run began",
+               ylim=(-0.03, 1.03), xlim=(0, None))
+    fig.tight_layout()
+    path = run_dir / "plots" / "em_time.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def write_report(run_dir: str | Path) -> Path:
@@ -971,6 +1078,35 @@ def write_report(run_dir: str | Path) -> Path:
     if "final" in evals:
         lines += ["", f"Rollout throughput of the batched loop (greedy evaluation): "
                   f"{evals['final']['agent_tokens_per_s']:.0f} agent tokens/s."]
+    rl = read_jsonl(run_dir / "rl" / "metrics.jsonl") if (run_dir / "rl" / "metrics.jsonl").exists() else []
+    if rl:
+        share = [m["groups/with_variance"] for m in rl if "groups/with_variance" in m]
+        step_s = [m["time/step_s"] for m in rl]
+        n_ep = cfg["prompts_per_step"] * cfg["group_size"]
+        lines += ["", "## RL", "", f"{len(rl)} steps of {cfg['prompts_per_step']} prompts × {cfg['group_size']} episodes: "
+                  f"{n_ep * len(rl) / sum(step_s):.1f} episodes/s, a step in {np.mean(step_s):.2f} s on average "
+                  f"(rollout {np.mean([m['time/rollout_s'] for m in rl]):.2f} s, update "
+                  f"{np.mean([m['time/update_s'] for m in rl]):.2f} s)."]
+        if share:
+            lines += ["", f"Signal: {np.mean(share):.0%} of a step's groups held episodes with different rewards, on "
+                      f"average (from {min(share):.0%} to {max(share):.0%}); only those groups have a non-zero "
+                      "advantage." + (f" The update used {np.mean([m.get('update/rows_kept', 1.0) for m in rl]):.0%} "
+                                      "of the rows (the rest had zero advantage)." if "update/rows_kept" in rl[0] else "")]
+        if (msg := rl_signal(rl)):
+            lines += ["", f"**Warning:** {msg}"]
+    pts = em_timeline(run_dir)
+    if pts:
+        kinds_t = sorted({k for p in pts for k in p if k.startswith("em/") and k != "em/all"})
+        two = any("after_2_searches/2-hop" in p for p in pts)
+        lines += ["", "Held-out evaluations through the run:", "",
+                  "| stage | step | minutes | " + " | ".join(kinds_t) + (" | 2-hop answered after 2 searches |" if two else " |"),
+                  "|---|---|---|" + "---|" * (len(kinds_t) + two)]
+        for p in pts:
+            cells = [f"{p[k]:.3f}" if k in p else "" for k in kinds_t]
+            if two:
+                cells.append(f"{p['after_2_searches/2-hop']:.3f}" if "after_2_searches/2-hop" in p else "")
+            stage = {"sft_end": "SFT (end)", "sft": "SFT", "rl": "RL"}[p["stage"]]
+            lines.append(f"| {stage} | {p.get('step', '')} | {p['minutes']:.1f} | " + " | ".join(cells) + " |")
     lines += ["", "## Wall time per stage", "", "| stage | seconds |", "|---|---|"]
     lines += [f"| {s} | {times[s]:.1f} |" for s in STAGE_NAMES if s in times]
     lines += [f"| **total** | **{sum(times.values()):.1f}** |", "", "## Plots", ""]

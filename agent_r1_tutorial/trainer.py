@@ -31,7 +31,7 @@ from .rollout import AgentEnvLoop, HFBackend, SamplingParams, to_batch
 
 # %% auto #0
 __all__ = ['ALGORITHMS', 'PROCESS_REWARDS', 'TrainerConfig', 'ValueModel', 'compute_values', 'NonFiniteError', 'check_finite',
-           'Trainer', 'latest_checkpoint', 'TargetTokensEnv']
+           'group_signal', 'episode_returns', 'Trainer', 'latest_checkpoint', 'TargetTokensEnv']
 
 # %% ../nbs/10_trainer.ipynb #1a45c647
 ALGORITHMS = {
@@ -69,6 +69,8 @@ class TrainerConfig:
     ppo_epochs: int = 1  # passes over each step's rows
     mini_batch_size: int = 16  # rows per optimizer step
     micro_batch_size: int = 8  # rows per forward/backward (gradients accumulate over a minibatch)
+    bypass_mode: bool = False  # old_log_probs = the sampler's log-probs (verl's rollout_correction.bypass_mode)
+    filter_groups: bool = False  # update only on rows with a non-zero advantage (DAPO's group filter, no refill)
     # --- losses
     policy_loss: str = "vanilla"  # a name in losses.POLICY_LOSSES
     clip_ratio_low: float = 0.2
@@ -122,6 +124,11 @@ class TrainerConfig:
         if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
             raise ValueError(f"gamma and lam must be in [0, 1], got {self.gamma} and {self.lam}")
         get_policy_loss(self.policy_loss)  # raises, listing the choices, for an unknown name
+        if self.filter_groups and (self.needs_critic or self.kl_coef > 0 or self.entropy_coef > 0):
+            raise ValueError("filter_groups leaves out rows whose advantage is zero, which is only free when they "
+                             "carry no gradient: not with a critic to train (ppo, steppo), a KL term (kl_coef > 0) "
+                             f"or an entropy bonus (entropy_coef > 0); got algorithm={self.algorithm!r}, "
+                             f"kl_coef={self.kl_coef}, entropy_coef={self.entropy_coef}")
 
     @property
     def estimator(self) -> str:
@@ -224,6 +231,30 @@ def _episode_stats(trajs) -> dict:
     }
 
 
+def group_signal(
+    returns: Sequence[float],  # each episode's return (the sum of the scores the estimator sees)
+    groups: Sequence[str],  # each episode's group id
+) -> dict:
+    "How many groups can teach: a group whose episodes all earn the same return has zero GRPO/RLOO advantage."
+    if len(returns) != len(groups):
+        raise ValueError(f"one group id per return: got {len(returns)} returns and {len(groups)} group ids")
+    if not len(returns):
+        raise ValueError("no episodes: there are no groups to measure")
+    by_group = {}
+    for r, g in zip(returns, groups):
+        by_group.setdefault(g, []).append(float(r))
+    spread = [max(r) - min(r) > 1e-9 for r in by_group.values()]
+    return {"groups/with_variance": sum(spread) / len(spread), "groups/count": len(spread)}
+
+
+def episode_returns(scores: torch.Tensor, batch: dict) -> tuple[list[float], list[str]]:
+    "Each trajectory's return (its rows' scores summed) and group id, from a step's rows."
+    out = {}
+    for s, uid, g in zip(scores.sum(-1).tolist(), batch["trajectory_uid"], batch["group"]):
+        out[uid] = (out[uid][0] + s, g) if uid in out else (s, g)
+    return [r for r, _ in out.values()], [g for _, g in out.values()]
+
+
 class Trainer:
     "Single-process RL for agents: rollout, advantages, clipped updates, checkpoints."
 
@@ -294,7 +325,8 @@ class Trainer:
         backend = HFBackend(self.policy, self.tokenizer.pad_token_id, generator=self.sample_gen)
         loop = AgentEnvLoop(backend, self.tokenizer, params, self.config.max_context, self.config.max_turns)
         trajs = loop.run(envs, flat, uids, groups)
-        self.last_rollout_metrics = loop.metrics
+        self.last_rollout_metrics = {**loop.metrics, "prefill_s": backend.stats["prefill_s"],
+                                     "decode_s": backend.stats["decode_s"]}
         return trajs
 
     # ---- 2. scores
@@ -381,19 +413,18 @@ class Trainer:
             for k, v in d.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
                 counts[k] = counts.get(k, 0) + 1
-        mini = min(c.mini_batch_size, n)
         self.policy.train()
         for epoch in range(c.ppo_epochs):
             order = torch.randperm(n, generator=self.shuffle_gen)
-            for s in range(0, n - mini + 1, mini):  # only full minibatches: each optimizer step sees the same amount
-                mb_idx = order[s:s + mini]
+            # n // mini_batch_size optimizer steps of near-equal size (at least one): every row is used once
+            for mb_idx in torch.tensor_split(order, max(1, n // c.mini_batch_size)):
                 self.opt.zero_grad(set_to_none=True)
                 if self.critic is not None:
                     self.critic_opt.zero_grad(set_to_none=True)
-                for m in range(0, mini, c.micro_batch_size):
+                for m in range(0, len(mb_idx), c.micro_batch_size):
                     idx = mb_idx[m:m + c.micro_batch_size]
                     mb = _rows_of(batch, idx)
-                    frac = len(idx) / mini  # each micro-batch's share of the minibatch's loss
+                    frac = len(idx) / len(mb_idx)  # each micro-batch's share of the minibatch's loss
                     loss, metrics = self._policy_loss(mb, R)
                     check_finite("policy loss", loss, self.global_step)
                     (loss * frac).backward()
@@ -429,27 +460,42 @@ class Trainer:
         scores = self._scores(batch, trajs)
         if self.score_fn is not None:
             scores = self.score_fn(scores, batch, trajs)
-        rollout_lp = batch["old_log_probs"]
-        batch["old_log_probs"] = self._log_probs(self.policy, batch, R)
-        metrics = {"rollout/logprob_diff_max": float(((rollout_lp - batch["old_log_probs"]).abs() * mask).max())}
+        metrics = group_signal(*episode_returns(scores, batch))  # the returns the advantages are computed from
+        if c.filter_groups:  # no critic and no KL (validated): the advantages need only the scores, so 4 comes first
+            advantages, returns = self._advantages(batch, scores, None)
+            check_finite("advantages", advantages, self.global_step, mask)
+            batch["advantages"], batch["returns"] = advantages, returns
+            keep = ((advantages != 0) & mask.bool()).any(dim=1).nonzero().squeeze(1)
+            batch = _rows_of(batch, keep)  # a uniform group's rows have zero advantage: no gradient, no compute
+            metrics["update/rows_kept"] = len(keep) / len(mask)
+        # 3. log-probs: the policy's as it is now (the ratio's denominator), unless the sampler's are trusted as they are
+        if not c.bypass_mode and len(batch["input_ids"]):
+            rollout_lp = batch["old_log_probs"]
+            batch["old_log_probs"] = self._log_probs(self.policy, batch, R)
+            metrics["rollout/logprob_diff_max"] = float(((rollout_lp - batch["old_log_probs"]).abs()
+                                                          * batch["response_mask"]).max())
         if self.reference is not None:
             batch["ref_log_probs"] = self._log_probs(self.reference, batch, R)
             if c.use_kl_in_reward:
                 scores, kl_m = apply_kl_penalty(scores, batch["old_log_probs"], batch["ref_log_probs"], mask,
                                                 c.kl_coef, c.kl_type)
                 metrics.update(kl_m)
-        values = None
-        if self.critic is not None:
-            self.critic.eval()
-            values = self._forward_all(lambda i, a, p, r: compute_values(self.critic, i, a, p, r), batch, R)
-            self.critic.train()
-            batch["values"] = values
-        check_finite("token_level_rewards", scores, self.global_step, mask)
-        advantages, returns = self._advantages(batch, scores, values)
-        check_finite("advantages", advantages, self.global_step, mask)
-        batch["advantages"], batch["returns"] = advantages, returns
+        if not c.filter_groups:
+            values = None
+            if self.critic is not None:
+                self.critic.eval()
+                values = self._forward_all(lambda i, a, p, r: compute_values(self.critic, i, a, p, r), batch, R)
+                self.critic.train()
+                batch["values"] = values
+            check_finite("token_level_rewards", scores, self.global_step, mask)
+            # 4. advantages
+            advantages, returns = self._advantages(batch, scores, values)
+            check_finite("advantages", advantages, self.global_step, mask)
+            batch["advantages"], batch["returns"] = advantages, returns
+        # 5. updates
         t1 = time.perf_counter()
-        metrics.update(self._update(batch, R))
+        if len(batch["input_ids"]):
+            metrics.update(self._update(batch, R))
         adv = advantages[mask.bool()]
         metrics.update({
             **_episode_stats(trajs),
@@ -457,7 +503,9 @@ class Trainer:
             "adv/abs_mean": adv.abs().mean().item() if adv.numel() else 0.0,
             "adv/zero_frac": (adv == 0).float().mean().item() if adv.numel() else 1.0,
             "rollout/tokens_per_s": self.last_rollout_metrics["tokens_per_s"],
-            "time/rollout_s": t_roll, "time/update_s": time.perf_counter() - t1,
+            "time/rollout_s": t_roll, "time/prepare_s": t1 - t0 - t_roll,  # rows, scores, log-probs, advantages
+            **{f"time/rollout_{k}": self.last_rollout_metrics.get(k, 0.0) for k in ("prefill_s", "decode_s", "env_s")},
+            "time/update_s": time.perf_counter() - t1,
             "time/step_s": time.perf_counter() - t0, "actor/lr": self.sched.get_last_lr()[0],
         })
         self.global_step += 1
