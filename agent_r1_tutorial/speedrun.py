@@ -459,7 +459,7 @@ class SpeedrunConfig:
     max_turns: int = 4
     filter_groups: bool = True  # update only on groups whose rewards differ (critic-free algorithms, no KL; chapter 10)
     bypass_mode: bool = True  # the sampler's log-probs are the old ones (exact here: the sampler is the policy)
-    rl_eval_every: int = 0  # RL steps between held-out evaluations (0: only at the end)
+    rl_eval_every: int = 2  # RL steps between held-out evaluations (0: only at the end, in the eval stage)
     # --- bookkeeping
     eval_every: int = 650  # SFT steps between held-out evaluations (0: only at the end)
     save_every: int = 100  # SFT steps (and RL steps / 10) between checkpoints
@@ -1013,7 +1013,8 @@ def em_timeline(run_dir: str | Path) -> list[dict]:
             pts += [{"stage": stage, **r} for r in read_jsonl(path) if "em/2-hop" in r or "em/arith" in r]
     pts += [{"stage": "sft_end", **evals["sft"]}] if "time" in evals.get("sft", {}) else []
     if "time" in evals.get("final", {}) and evals["final"].get("model") == "final_model":
-        pts.append({"stage": "rl", **evals["final"]})
+        steps = json.loads((run_dir / "config.json").read_text()).get("rl_steps")
+        pts.append({"stage": "rl", "step": steps, **evals["final"]})
     if start is None or not pts:
         return []
     return sorted(({**p, "minutes": (p["time"] - start) / 60} for p in pts if "time" in p), key=lambda p: p["time"])

@@ -462,6 +462,7 @@ class Trainer:
             scores = self.score_fn(scores, batch, trajs)
         metrics = group_signal(*episode_returns(scores, batch))  # the returns the advantages are computed from
         if c.filter_groups:  # no critic and no KL (validated): the advantages need only the scores, so 4 comes first
+            check_finite("token_level_rewards", scores, self.global_step, mask)
             advantages, returns = self._advantages(batch, scores, None)
             check_finite("advantages", advantages, self.global_step, mask)
             batch["advantages"], batch["returns"] = advantages, returns
