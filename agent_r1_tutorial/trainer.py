@@ -405,8 +405,8 @@ class Trainer:
             metrics["actor/kl_loss"] = kl.item()
         return loss, metrics
 
-    def _update(self, batch, R) -> dict:
-        "ppo_epochs passes of minibatch updates with gradient accumulation; returns averaged metrics."
+    def _update(self, batch, R, minibatches: int | None = None) -> dict:
+        "ppo_epochs passes of `minibatches` updates (default: rows // mini_batch_size) with gradient accumulation."
         c, n = self.config, len(batch["input_ids"])
         sums, counts = {}, {}
         def add(d):
@@ -416,8 +416,8 @@ class Trainer:
         self.policy.train()
         for epoch in range(c.ppo_epochs):
             order = torch.randperm(n, generator=self.shuffle_gen)
-            # n // mini_batch_size optimizer steps of near-equal size (at least one): every row is used once
-            for mb_idx in torch.tensor_split(order, max(1, n // c.mini_batch_size)):
+            # near-equal minibatches, one optimizer step each: every row is used once
+            for mb_idx in torch.tensor_split(order, min(n, minibatches or max(1, n // c.mini_batch_size))):
                 self.opt.zero_grad(set_to_none=True)
                 if self.critic is not None:
                     self.critic_opt.zero_grad(set_to_none=True)
@@ -495,8 +495,8 @@ class Trainer:
             batch["advantages"], batch["returns"] = advantages, returns
         # 5. updates
         t1 = time.perf_counter()
-        if len(batch["input_ids"]):
-            metrics.update(self._update(batch, R))
+        if len(batch["input_ids"]):  # as many optimizer steps as the whole batch would take, filtered or not
+            metrics.update(self._update(batch, R, max(1, len(mask) // c.mini_batch_size)))
         adv = advantages[mask.bool()]
         metrics.update({
             **_episode_stats(trajs),
