@@ -110,6 +110,7 @@ class HFBackend(PolicyBackend):
         self.state = _KVState()
         self.stats = {"fed_tokens": 0, "generated_tokens": 0, "forward_calls": 0, "cache_restarts": 0,
                       "prefill_s": 0.0, "decode_s": 0.0}  # forward time: contexts fed in, then one token per call
+        # (on a GPU these clock kernel launches, not the kernels: the CPU does not wait for them here)
 
     def _feed(self, new: list[list[int]], phase: str = "decode") -> torch.Tensor:
         "Feed each row's new tokens (left-padded to one length) on top of the cache; return the last logits."

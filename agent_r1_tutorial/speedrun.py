@@ -816,9 +816,9 @@ def _load_model(path):
 
 def rl_signal(metrics: Sequence[dict], window: int = 3) -> str | None:
     "A warning when RL had nothing to learn from: `window` steps in a row where no group's rewards differed."
-    shares = [m["groups/with_variance"] for m in metrics if "groups/with_variance" in m]
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
+    shares = [m["groups/with_variance"] for m in metrics if "groups/with_variance" in m]
     run = 0
     for i, s in enumerate(shares):
         run = run + 1 if s == 0 else 0
@@ -923,25 +923,22 @@ def run_speedrun(
         if ckpt is not None:
             trainer.load_checkpoint(ckpt)
         if cfg.rl_steps > trainer.global_step:
-            from tqdm.auto import tqdm
             rl_log = MetricsLogger(run_dir / "rl" / "eval.jsonl")  # held-out EM during RL, for the report's figure
             history = read_jsonl(run_dir / "rl" / "metrics.jsonl") if (run_dir / "rl" / "metrics.jsonl").exists() else []
-            bar = tqdm(total=cfg.rl_steps, initial=trainer.global_step, desc=cfg.algorithm, disable=not progress)
-            warned = rl_signal(history) is not None
-            while trainer.global_step < cfg.rl_steps:
-                history.append(trainer.step())
-                bar.update(1)
-                bar.set_postfix(reward=f"{history[-1]['reward/outcome_mean']:.3f}",
-                                signal=f"{history[-1]['groups/with_variance']:.2f}")
-                if not warned and (msg := rl_signal(history)):
-                    warned = True
+            warned = [rl_signal(history) is not None]
+
+            def after_step(tr, m):  # warn once when RL has no signal; evaluate every rl_eval_every steps
+                history.append(m)
+                if not warned[0] and (msg := rl_signal(history)):
+                    warned[0] = True
                     print(f"warning: {msg}", file=sys.stderr)
-                if cfg.rl_eval_every and trainer.global_step % cfg.rl_eval_every == 0 \
-                        and trainer.global_step < cfg.rl_steps:  # the last one is the eval stage's
-                    m, _ = ev(trainer.policy)
-                    rl_log.log(trainer.global_step, **{k: v for k, v in m.items()
-                                                       if k.startswith(("em/", "after_2_searches/"))})
-            bar.close()
+                if cfg.rl_eval_every and tr.global_step % cfg.rl_eval_every == 0 \
+                        and tr.global_step < cfg.rl_steps:  # the last one is the eval stage's
+                    res, _ = ev(tr.policy)
+                    rl_log.log(tr.global_step, **{k: v for k, v in res.items()
+                                                  if k.startswith(("em/", "after_2_searches/"))})
+
+            trainer.train(cfg.rl_steps - trainer.global_step, progress=progress, callback=after_step)
             trainer.save_checkpoint()
         trainer.policy.save_pretrained(run_dir / "final_model")
         tok.save_pretrained(run_dir / "final_model")

@@ -405,8 +405,8 @@ class Trainer:
             metrics["actor/kl_loss"] = kl.item()
         return loss, metrics
 
-    def _update(self, batch, R, minibatches: int | None = None) -> dict:
-        "ppo_epochs passes of `minibatches` updates (default: rows // mini_batch_size) with gradient accumulation."
+    def _update(self, batch, R, minibatches: int) -> dict:
+        "ppo_epochs passes of `minibatches` near-equal minibatch updates, with gradient accumulation."
         c, n = self.config, len(batch["input_ids"])
         sums, counts = {}, {}
         def add(d):
@@ -417,7 +417,7 @@ class Trainer:
         for epoch in range(c.ppo_epochs):
             order = torch.randperm(n, generator=self.shuffle_gen)
             # near-equal minibatches, one optimizer step each: every row is used once
-            for mb_idx in torch.tensor_split(order, min(n, minibatches or max(1, n // c.mini_batch_size))):
+            for mb_idx in torch.tensor_split(order, min(n, minibatches)):
                 self.opt.zero_grad(set_to_none=True)
                 if self.critic is not None:
                     self.critic_opt.zero_grad(set_to_none=True)
@@ -519,7 +519,12 @@ class Trainer:
             self.save_checkpoint()
         return metrics
 
-    def train(self, steps: int, progress: bool = True) -> list[dict]:
+    def train(
+        self,
+        steps: int,
+        progress: bool = True,
+        callback: Callable[[Trainer, dict], None] | None = None,  # called after each step with its metrics
+    ) -> list[dict]:
         "Run `steps` training steps with a progress bar; returns their metrics."
         from tqdm.auto import tqdm
 
@@ -528,7 +533,9 @@ class Trainer:
         for _ in bar:
             m = self.step()
             history.append(m)
-            bar.set_postfix(reward=f"{m['reward/outcome_mean']:.3f}", turns=f"{m['episode/turns_mean']:.1f}")
+            bar.set_postfix(reward=f"{m['reward/outcome_mean']:.3f}", signal=f"{m['groups/with_variance']:.2f}")
+            if callback is not None:
+                callback(self, m)
         return history
 
     @torch.no_grad()
