@@ -72,6 +72,7 @@ def train_tokenizer(
     vocab_size: int = 1024,  # the largest vocabulary, bytes and added tokens included (less if the text runs out of pairs)
     min_frequency: int = 2,  # a pair must occur this often to be merged
     isolate_spaces: bool = False,  # make every space its own token, so a word has the same tokens everywhere
+    isolate_digits: bool = False,  # make every digit its own token, as Qwen2's tokenizer does (numbers copy digit by digit)
 ) -> PreTrainedTokenizerFast:
     "Train a byte-level BPE tokenizer with Qwen's chat markup and chat template, entirely offline."
     n_fixed = 256 + len(SPECIAL_TOKENS) + len(TAG_TOKENS)
@@ -85,8 +86,11 @@ def train_tokenizer(
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
     # GPT-2-style splitting glues a space to the word after it (" Bamro" and "Bamro" are different tokens);
     # splitting spaces off first keeps a word's tokens the same after a space, a quote or a tag
-    tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Split(" ", "isolated"), byte_level])
-                         if isolate_spaces else byte_level)
+    splits = ([pre_tokenizers.Split(" ", "isolated")] if isolate_spaces else []) + \
+             ([pre_tokenizers.Digits(individual_digits=True)] if isolate_digits else [])
+    # without isolated digits BPE merges frequent digit pairs: 357 may become "35" "7" and 457 "4" "57", so copying
+    # a number means copying an arbitrary split of it
+    tok.pre_tokenizer = pre_tokenizers.Sequence([*splits, byte_level]) if splits else byte_level
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size - len(TAG_TOKENS),  # the tag tokens are added after training, below
