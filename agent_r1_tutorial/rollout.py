@@ -11,15 +11,17 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
-from transformers import DynamicCache
+from transformers import AttentionInterface, DynamicCache
+from transformers.cache_utils import Cache, DynamicLayer
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .envs import Action, AgentEnv, Observation, step_envs
 from .masks import collate, env_suffix, growing_layout, initial_prompt_ids, step_layout
 from .mdp import Step, Trajectory
 
 # %% auto #0
-__all__ = ['SamplingParams', 'Generation', 'PolicyBackend', 'HFBackend', 'ScriptedBackend', 'AgentEnvLoop', 'to_batch', 'EchoEnv',
-           'benchmark_rollout']
+__all__ = ['SamplingParams', 'Generation', 'PolicyBackend', 'GrowingCacheLayer', 'GrowingCache', 'sdpa_gqa', 'HFBackend',
+           'ScriptedBackend', 'AgentEnvLoop', 'to_batch', 'EchoEnv', 'benchmark_rollout']
 
 # %% ../nbs/06_rollout.ipynb #b37c8531
 @dataclass
@@ -75,6 +77,72 @@ def _check_contexts(contexts, keys, budgets, params) -> tuple[list[list[int]], l
                          f"got {budgets!r}")
     return contexts, keys, budgets
 
+# %% ../nbs/06_rollout.ipynb #667c9f4b
+class GrowingCacheLayer(DynamicLayer):
+    "A `DynamicLayer` whose keys and values live in a buffer that doubles when full: appending copies only the new tokens."
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self._k, self._v, self._n = key_states[:, :, :0], value_states[:, :, :0], 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n, m = self._n, key_states.shape[-2]
+        if n + m > self._k.shape[-2]:  # full: move to a buffer twice the size (amortised O(1) per token)
+            cap = max(2 * self._k.shape[-2], n + m, 64)
+            def grow(buf, new):
+                out = new.new_empty(*new.shape[:2], cap, new.shape[-1])
+                out[:, :, :n] = buf[:, :, :n]
+                return out
+            self._k, self._v = grow(self._k, key_states), grow(self._v, value_states)
+        self._k[:, :, n:n + m], self._v[:, :, n:n + m] = key_states, value_states
+        self._n = n + m
+        self.keys, self.values = self._k[:, :, :self._n], self._v[:, :, :self._n]  # views: nothing copied
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self._n if self.is_initialized else 0
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.is_initialized:
+            self._k, self._v = self._k[indices], self._v[indices]
+            self.keys, self.values = self._k[:, :, :self._n], self._v[:, :, :self._n]
+
+    def crop(self, max_length: int) -> None:
+        n = self._n + max_length if max_length < 0 else min(self._n, max_length)
+        if self.is_initialized and 0 <= n < self._n:
+            self._n = n
+            self.keys, self.values = self._k[:, :, :n], self._v[:, :, :n]
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        raise NotImplementedError("GrowingCacheLayer is for sampling, not beam search")
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        raise NotImplementedError("GrowingCacheLayer is for sampling, not beam search")
+
+
+class GrowingCache(DynamicCache):
+    "A `DynamicCache` made of `GrowingCacheLayer`s."
+
+    def __init__(self):
+        Cache.__init__(self, layer_class_to_replicate=GrowingCacheLayer)
+
+
+def sdpa_gqa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None, **kwargs):
+    "transformers' sdpa attention with grouped-query attention left to the kernel (`enable_gqa`): no copied KV heads."
+    causal = query.shape[2] > 1 and attention_mask is None and (
+        is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=causal,
+        enable_gqa=query.shape[1] != key.shape[1])
+    return out.transpose(1, 2).contiguous(), None
+
+
+# transformers looks attention (and its mask builder) up by name on every forward call
+AttentionInterface.register("sdpa_gqa", sdpa_gqa)
+AttentionMaskInterface.register("sdpa_gqa", sdpa_mask)
+
 # %% ../nbs/06_rollout.ipynb #9ef8c1a6
 class _KVState:
     "The batch's KV cache between calls: the tokens each row holds; padding holes are masked out."
@@ -101,10 +169,11 @@ class HFBackend(PolicyBackend):
         pad_token_id: int,  # written into padding, never attended to
         reuse_cache: bool = True,  # keep each episode's KV cache between turns (False: re-encode every turn)
         generator: torch.Generator | None = None,  # sampling randomness; seed it for reproducible rollouts
+        fast_decode: bool = True,  # `GrowingCache`, and `sdpa_gqa` on the CPU (False: transformers' defaults)
     ):
         if not isinstance(pad_token_id, int) or pad_token_id < 0:
             raise ValueError(f"pad_token_id must be an int >= 0, got {pad_token_id!r}")
-        self.model, self.pad, self.reuse_cache = model, pad_token_id, reuse_cache
+        self.model, self.pad, self.reuse_cache, self.fast_decode = model, pad_token_id, reuse_cache, fast_decode
         self.device = next(model.parameters()).device
         self.generator = generator if generator is not None else torch.Generator(device=self.device)
         self.state = _KVState()
@@ -117,12 +186,16 @@ class HFBackend(PolicyBackend):
         t0 = time.perf_counter()
         st, B = self.state, len(new)
         n = max(len(x) for x in new)
-        ids = torch.full((B, n), self.pad, dtype=torch.long)
-        m = torch.zeros((B, n), dtype=torch.long)
-        for i, x in enumerate(new):
-            if x:
-                ids[i, n - len(x):] = torch.tensor(x)
-                m[i, n - len(x):] = 1
+        if n == 1:  # a decode call: one token per running row, built in one go (this runs once per sampled token)
+            ids = torch.tensor([[x[0] if x else self.pad] for x in new])
+            m = torch.tensor([[1 if x else 0] for x in new])
+        else:
+            ids = torch.full((B, n), self.pad, dtype=torch.long)
+            m = torch.zeros((B, n), dtype=torch.long)
+            for i, x in enumerate(new):
+                if x:
+                    ids[i, n - len(x):] = torch.tensor(x)
+                    m[i, n - len(x):] = 1
         ids, m = ids.to(self.device), m.to(self.device)
         mask = m if st.mask is None else torch.cat([st.mask, m], dim=1)
         base = torch.zeros(B, dtype=torch.long, device=self.device) if st.npos is None else st.npos
@@ -151,7 +224,8 @@ class HFBackend(PolicyBackend):
                 self.stats["cache_restarts"] += 1
         if not ok:
             st.reset()
-            st.cache, st.held, st.keys = DynamicCache(), [[] for _ in contexts], list(keys)
+            st.cache = GrowingCache() if self.fast_decode else DynamicCache()
+            st.held, st.keys = [[] for _ in contexts], list(keys)
         return [c[len(h):] for c, h in zip(contexts, st.held)]
 
     @torch.no_grad()
@@ -159,7 +233,11 @@ class HFBackend(PolicyBackend):
         "Continue every context until it samples a stop id or spends its budget."
         contexts, keys, budgets = _check_contexts(contexts, keys, max_new_tokens, params)
         was_training = self.model.training
+        attn = getattr(getattr(self.model, "config", None), "_attn_implementation", None)
         self.model.eval()
+        swap = self.fast_decode and attn == "sdpa" and self.device.type == "cpu"
+        if swap:
+            self.model.set_attn_implementation("sdpa_gqa")  # for this call only: training keeps its kernel
         try:
             logits = self._feed(self._prepare(contexts, keys), "prefill")
             B, stops = len(contexts), set(params.stop_token_ids)
@@ -190,6 +268,8 @@ class HFBackend(PolicyBackend):
                 logits = self._feed(feed)
         finally:
             self.model.train(was_training)
+            if swap:
+                self.model.set_attn_implementation(attn)
         self.stats["generated_tokens"] += sum(map(len, out_ids))
         return [Generation(i, l, r) for i, l, r in zip(out_ids, out_lp, reason)]
 

@@ -71,6 +71,7 @@ class TrainerConfig:
     micro_batch_size: int = 8  # rows per forward/backward (gradients accumulate over a minibatch)
     bypass_mode: bool = False  # old_log_probs = the sampler's log-probs (verl's rollout_correction.bypass_mode)
     filter_groups: bool = False  # update only on rows with a non-zero advantage (DAPO's group filter, no refill)
+    fast_decode: bool = True  # the rollout's growing KV cache and GQA kernel (chapter 06); False: transformers' own
     # --- losses
     policy_loss: str = "vanilla"  # a name in losses.POLICY_LOSSES
     clip_ratio_low: float = 0.2
@@ -322,7 +323,8 @@ class Trainer:
                 groups.append(f"{tag}{self.global_step}-p{i}")
         params = SamplingParams(self.params.temperature, self.params.max_new_tokens, self.params.stop_token_ids,
                                 greedy=greedy)
-        backend = HFBackend(self.policy, self.tokenizer.pad_token_id, generator=self.sample_gen)
+        backend = HFBackend(self.policy, self.tokenizer.pad_token_id, generator=self.sample_gen,
+                            fast_decode=self.config.fast_decode)
         loop = AgentEnvLoop(backend, self.tokenizer, params, self.config.max_context, self.config.max_turns)
         trajs = loop.run(envs, flat, uids, groups)
         self.last_rollout_metrics = {**loop.metrics, "prefill_s": backend.stats["prefill_s"],
