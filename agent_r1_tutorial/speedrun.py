@@ -33,12 +33,12 @@ from .trainer import ALGORITHMS, Trainer, TrainerConfig, latest_checkpoint
 # %% auto #0
 __all__ = ['ORG_SUFFIXES', 'ONE_HOP', 'TWO_HOP', 'TASKS', 'RETRIEVERS', 'STAGE_NAMES', 'World', 'make_world', 'make_questions',
            'Split', 'make_split', 'CachedEncoder', 'NoSearch', 'search_reward', 'WorldSearchTool', 'WorldSearch',
-           'parse_question', 'search_call', 'stops_early', 'search_expert', 'play', 'make_arith_tasks', 'arith_reward',
-           'arith_env', 'arith_expert', 'SpeedrunConfig', 'Suite', 'build_suite', 'expert_trajectories',
+           'parse_question', 'search_call', 'stops_early', 'search_expert', 'play', 'arith_problem', 'make_arith_tasks',
+           'arith_reward', 'arith_env', 'arith_expert', 'SpeedrunConfig', 'Suite', 'build_suite', 'expert_trajectories',
            'build_tokenizer', 'longest_turn', 'check_turn_budget', 'sft_loss', 'pretrain_batches', 'search_drill',
-           'arith_drill', 'drill_batches', 'sft_batches', 'train_lm', 'episode_record', 'evaluate_agent', 'rl_signal',
-           'rl_trainer_config', 'run_speedrun', 'plot_run', 'em_timeline', 'plot_em_over_time', 'write_report',
-           'episode_html', 'trajectory_browser', 'fresh_world', 'ask']
+           'arith_drill', 'drill_batches', 'copy_accuracy', 'copy_signal', 'sft_batches', 'train_lm', 'episode_record',
+           'evaluate_agent', 'rl_signal', 'rl_trainer_config', 'run_speedrun', 'plot_run', 'em_timeline',
+           'plot_em_over_time', 'write_report', 'episode_html', 'trajectory_browser', 'fresh_world', 'ask']
 
 # %% ../nbs/11_speedrun.ipynb #42b22e8f
 _CONSONANTS, _VOWELS = "bdfgklmnprstvz", "aeiou"
@@ -366,19 +366,24 @@ _ARITH = [("{a} has {x} apples and buys {y} more. How many apples does {a} have 
           ("{a} has {x} coins, finds {y} more and spends {z}. How many coins are left?", "{x} + {y} - {z}")]
 
 
+def arith_problem(rng: random.Random) -> dict:
+    "One arithmetic word problem with its expression and answer (never a negative count)."
+    i = rng.randrange(len(_ARITH))
+    q, e = _ARITH[i]
+    x = rng.randint(200, 999)
+    # nobody gives away more books than they have: the subtrahend is below the count
+    y = rng.randint(2, 9) if "*" in e else rng.randint(100, x - 1) if e == "{x} - {y}" else rng.randint(100, 999)
+    v = {"a": _word(rng), "x": x, "y": y, "z": rng.randint(10, 99)}
+    expr = e.format(**v)
+    return {"question": q.format(**v), "answer": str(eval(expr)), "expression": expr, "kind": f"arith{i}"}
+
+
 def make_arith_tasks(n: int, seed: int) -> list[dict]:
-    "Arithmetic word problems with their expressions and answers."
+    "`n` arithmetic word problems, reproducible from `seed`."
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")
-    rng, out = random.Random(seed), []
-    for _ in range(n):
-        i = rng.randrange(len(_ARITH))
-        q, e = _ARITH[i]
-        v = {"a": _word(rng), "x": rng.randint(100, 999), "y": rng.randint(2, 9) if "*" in e else rng.randint(100, 999),
-             "z": rng.randint(10, 99)}
-        expr = e.format(**v)
-        out.append({"question": q.format(**v), "answer": str(eval(expr)), "expression": expr, "kind": f"arith{i}"})
-    return out
+    rng = random.Random(seed)
+    return [arith_problem(rng) for _ in range(n)]
 
 
 def arith_reward(answer: str | None, task: dict) -> float:
@@ -444,6 +449,7 @@ class SpeedrunConfig:
     pretrain_batch: int = 64
     drill_steps: int = 500
     drill_batch: int = 64
+    drill_fresh: bool = False  # search drills on newly drawn worlds, so their names are never seen twice
     sft_steps: int = 1300
     sft_batch: int = 16
     sft_lr: float = 3e-3
@@ -486,7 +492,7 @@ class SpeedrunConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
-        for name in ("filter_groups", "bypass_mode", "think"):
+        for name in ("filter_groups", "bypass_mode", "think", "drill_fresh"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         for name in ("pretrain_steps", "drill_steps", "sft_steps", "rl_steps", "eval_every", "save_every",
@@ -525,6 +531,7 @@ class Suite:
     drill: Callable[[random.Random], tuple[str, str]] | None = None  # a copying exercise: (context, target)
     build_seconds: float = 0.0  # what building it took (embedding the worlds, mostly); counted in the data stage
     flawed: Callable[[dict], bool] | None = None  # the SFT tasks the expert gets wrong on purpose (kept in SFT)
+    drill_check: Callable[[random.Random], tuple[str, str]] | None = None  # held-out drills with one right answer
 
 
 def _kind(task: dict) -> str:
@@ -544,7 +551,8 @@ def build_suite(cfg: SpeedrunConfig, encoder: CachedEncoder | None = None) -> Su
             return e
         expert = lambda ctx: arith_expert(ctx, think=cfg.think)
         return Suite(train, train, ev, env, env, no_calculator, expert, [t["question"] for t in train],
-                     lambda rng: arith_drill(train, rng), time.perf_counter() - t0)
+                     lambda rng: arith_drill(rng, cfg.think), time.perf_counter() - t0,
+                     drill_check=lambda rng: arith_drill(rng, cfg.think))
     hops = tuple(sorted(set(cfg.sft_hops) | set(cfg.rl_hops)))
     tr = make_split(cfg.train_worlds, cfg.per_world, seed=cfg.seed * 2 + 1, hops=hops, world_size=cfg.world_size)
     ev = make_split(cfg.eval_worlds, cfg.eval_per_world, seed=cfg.seed * 2 + 2, hops=(1, 2), banned=tr.names(),
@@ -558,12 +566,14 @@ def build_suite(cfg: SpeedrunConfig, encoder: CachedEncoder | None = None) -> Su
     two = [t for t in sft if t["hops"] == 2]  # a rarely demonstrated skill: keep a random share of them
     keep = {id(t) for t in random.Random(cfg.seed).sample(two, round(cfg.sft_two_hop_share * len(two)))}
     sft = [t for t in sft if t["hops"] == 1 or id(t) in keep]  # in their order: world by world
-    stop, salt = cfg.sft_two_hop_stop, cfg.seed
+    stop, salt, ev_names = cfg.sft_two_hop_stop, cfg.seed, frozenset(ev.names())
     return Suite([t for t in tr.tasks if t["hops"] in cfg.rl_hops], sft, ev.tasks, train_env, eval_env, no_tool,
                  lambda ctx: search_expert(ctx, think=cfg.think, stop_early=stop, salt=salt),
                  [d["text"] for w in tr.worlds for d in w.passages()],
-                 lambda rng: search_drill(tr.worlds, rng, cfg.search_k), time.perf_counter() - t0,
-                 flawed=lambda t: stops_early(t["question"], stop, salt))
+                 lambda rng: search_drill(tr.worlds, rng, cfg.search_k, cfg.drill_fresh, ev_names), time.perf_counter() - t0,
+                 flawed=lambda t: stops_early(t["question"], stop, salt),
+                 # the query and answer drills on the held-out worlds (a quoted sentence may be either of two)
+                 drill_check=lambda rng: search_drill(ev.worlds, rng, cfg.search_k, kinds=(0, 2)))
 
 # %% ../nbs/11_speedrun.ipynb #ec2e4fac
 def expert_trajectories(suite: Suite, tokenizer, tasks: Sequence[dict] | None = None) -> list:
@@ -576,14 +586,19 @@ def expert_trajectories(suite: Suite, tokenizer, tasks: Sequence[dict] | None = 
     return [t for t, task in zip(trajs, tasks) if t.outcome_reward == 1.0 or (flawed(task) and not gave_up(t))]
 
 
-def build_tokenizer(suite: Suite, vocab_size: int = 1024, n_texts: int = 2000):
+def build_tokenizer(
+    suite: Suite,
+    vocab_size: int = 1024,
+    n_texts: int = 2000,  # expert episodes to learn from (the passages are added)
+    isolate_digits: bool = False,  # one token per digit (the arithmetic task copies numbers)
+):
     "A tokenizer trained on the expert's episodes and the passages, spaces as their own tokens."
     boot, _ = _bootstrap_tokenizer()
     trajs = expert_trajectories(suite, boot, suite.sft_tasks[:n_texts])
     if not trajs:
         raise RuntimeError("the expert solved none of the tasks: check the retriever and the worlds")
     texts = [boot.decode(t.sequence_ids()) for t in trajs] + suite.passages
-    return train_tokenizer(texts, vocab_size=vocab_size, isolate_spaces=True)
+    return train_tokenizer(texts, vocab_size=vocab_size, isolate_spaces=True, isolate_digits=isolate_digits)
 
 
 def _bootstrap_tokenizer():
@@ -631,10 +646,21 @@ def pretrain_batches(tokenizer, passages: Sequence[str], batch_size: int, rng: r
 _SENTENCE = re.compile(r"(.+?) (?:was born in|works for|is based in|is led by) (.+?)\.$")
 
 
-def search_drill(worlds: Sequence[World], rng: random.Random, k: int = 2) -> tuple[str, str]:
+def search_drill(
+    worlds: Sequence[World],  # the training worlds
+    rng: random.Random,
+    k: int = 2,  # passages in a drill's tool response
+    fresh: bool = False,  # draw a new world (new names) for every drill instead of a training world
+    banned: set[str] | frozenset = frozenset(),  # names a fresh world must not use (the held-out worlds')
+    kinds: Sequence[int] = (0, 1, 2),  # which drills: 0 the query, 1 a quoted sentence, 2 the answer
+) -> tuple[str, str]:
     "One short copying exercise from a random world, in the agent's markup: (context, target)."
-    w = rng.choice(worlds)
-    kind = rng.randrange(3)
+    if fresh:  # names never seen before cannot be completed from memory: only copying gets them right
+        w0 = worlds[0]
+        w = make_world(rng, len(w0.people), len(w0.orgs), len(w0.cities), banned=banned)
+    else:
+        w = rng.choice(worlds)
+    kind = rng.choice(kinds)
     if kind == 0:  # the name in a question goes into the search call
         t = make_questions(w, rng, 1, rng.choice((1, 2)))[0]
         call = search_call(t["chain"][0])
@@ -651,11 +677,15 @@ def search_drill(worlds: Sequence[World], rng: random.Random, k: int = 2) -> tup
     return f"<think>{m.group(0)}</think>\n<answer>", f"{m.group(2)}</answer>"
 
 
-def arith_drill(tasks: Sequence[dict], rng: random.Random) -> tuple[str, str]:
-    "The arithmetic task's copying exercise: a question's numbers go into the calculator call."
-    t = rng.choice(tasks)
-    return f"{t['question']}\n" + '<tool_call>\n{"name": "calculator", "arguments": {"expression": "', \
-        t["expression"] + '"}}\n</tool_call>'
+def arith_drill(rng: random.Random, think: bool = True) -> tuple[str, str]:
+    "Copying drills on a new problem each time: its numbers into the calculator call, or the result into the answer."
+    t = arith_problem(rng)  # numbers never seen before cannot be recalled, only copied
+    if rng.random() < 0.5:
+        return f"{t['question']}\n" + '<tool_call>\n{"name": "calculator", "arguments": {"expression": "', \
+            t["expression"] + '"}}\n</tool_call>'
+    r = t["answer"]
+    head = f"<think>{r}</think>\n" if think else ""
+    return f"<tool_response>\n{r}\n</tool_response>\n", f"{head}<answer>{r}</answer>"
 
 
 def drill_batches(tokenizer, drill: Callable[[random.Random], tuple[str, str]], batch_size: int, rng: random.Random):
@@ -672,6 +702,35 @@ def drill_batches(tokenizer, drill: Callable[[random.Random], tuple[str, str]], 
             attn[i, :len(c) + len(t)] = 1
             labels[i, len(c):len(c) + len(t)] = torch.tensor(t)
         yield {"input_ids": ids, "attention_mask": attn, "labels": labels}
+
+
+@torch.no_grad()
+def copy_accuracy(model, tokenizer, pairs: Sequence[tuple[str, str]], batch_size: int = 64) -> float:
+    "The share of (context, target) pairs whose every target token is the model's top choice, given the context."
+    if not pairs:
+        raise ValueError("no (context, target) pairs to check")
+    was_training, right = model.training, 0
+    model.eval()
+    try:
+        for i in range(0, len(pairs), batch_size):
+            chunk = iter(pairs[i:i + batch_size])
+            b = next(drill_batches(tokenizer, lambda _: next(chunk), len(pairs[i:i + batch_size]), random.Random(0)))
+            pred = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits[:, :-1].argmax(-1)
+            labels = b["labels"][:, 1:]
+            right += int(((pred == labels) | (labels < 0)).all(dim=1).sum())
+    finally:
+        model.train(was_training)
+    return right / len(pairs)
+
+
+def copy_signal(drill_log: Sequence[dict], least: float = 0.9) -> str | None:
+    "A note when the drills ended with held-out copying below `least` (SFT then spends its steps finishing it)."
+    copy = drill_log[-1].get("copy") if drill_log else None
+    if copy is None or copy >= least:
+        return None
+    return (f"after the drills the model copies {copy:.0%} of held-out names and numbers exactly (below {least:.0%}): "
+            "SFT has to finish learning to copy, which takes a seed-dependent number of steps (more drill_steps "
+            "raise the figure)")
 
 
 def sft_batches(rows: Sequence[dict], pad_id: int, batch_size: int, rng: random.Random):
@@ -858,9 +917,11 @@ def run_speedrun(
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg_file = run_dir / "config.json"
     if cfg_file.exists():
-        old = json.loads(cfg_file.read_text())
-        if old != json.loads(json.dumps(asdict(cfg))):
-            diff = sorted(k for k in old if old[k] != json.loads(json.dumps(asdict(cfg))).get(k))
+        new = json.loads(json.dumps(asdict(cfg)))
+        # a field added to SpeedrunConfig after the run started had its default value then
+        old = {**json.loads(json.dumps(asdict(SpeedrunConfig()))), **json.loads(cfg_file.read_text())}
+        if old != new:
+            diff = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
             raise ValueError(f"{run_dir} holds a run with another configuration (differs in {diff}); "
                              "use a new folder, or the same configuration to resume it")
     cfg_file.write_text(json.dumps(asdict(cfg), indent=1))
@@ -879,7 +940,7 @@ def run_speedrun(
     # --- data (its time includes building the suite, however the caller got it)
     if not _done(run_dir, "data"):
         t0 = time.perf_counter()
-        tok = build_tokenizer(suite, cfg.vocab_size)
+        tok = build_tokenizer(suite, cfg.vocab_size, isolate_digits=cfg.task == "arith")
         tok.save_pretrained(run_dir / "tokenizer")
         with open(run_dir / "eval_tasks.jsonl", "w") as f:
             f.writelines(json.dumps(t) + "\n" for t in suite.eval_tasks)
@@ -899,9 +960,16 @@ def run_speedrun(
                      cfg.pretrain_steps, cfg.sft_lr, "pretrain", run_dir, cfg.save_every, progress=progress,
                      rng=random.Random(cfg.seed))
         if cfg.drill_steps and suite.drill is not None:
-            train_lm(model, drill_batches(tok, suite.drill, cfg.drill_batch, random.Random(cfg.seed + 2)),
-                     cfg.drill_steps, cfg.sft_lr, "drill", run_dir, cfg.save_every, progress=progress,
-                     rng=random.Random(cfg.seed + 2))
+            check = None
+            if suite.drill_check is not None:  # copying, measured on held-out drills at the end of the drill
+                rng = random.Random(cfg.seed + 3)
+                pairs = [suite.drill_check(rng) for _ in range(200)]
+                check = lambda: {"copy": copy_accuracy(model, tok, pairs)}
+            hist = train_lm(model, drill_batches(tok, suite.drill, cfg.drill_batch, random.Random(cfg.seed + 2)),
+                            cfg.drill_steps, cfg.sft_lr, "drill", run_dir, cfg.save_every, eval_fn=check,
+                            progress=progress, rng=random.Random(cfg.seed + 2))
+            if progress and (msg := copy_signal(hist)):
+                print(f"note: {msg}")
         def sft_eval():
             return {k: v for k, v in ev(model)[0].items() if k.startswith(("em/", "after_2_searches/"))}
         train_lm(model, sft_batches(rows, tok.pad_token_id, cfg.sft_batch, random.Random(cfg.seed + 1)), cfg.sft_steps,
@@ -1067,12 +1135,19 @@ def write_report(run_dir: str | Path) -> Path:
              "Held-out exact match (greedy, worlds never seen in training):", "",
              "| model | " + " | ".join(kinds) + " | all | tool calls | turns |",
              "|---|" + "---|" * (len(kinds) + 3)]
-    names = {"no_tool": "no-tool baseline (search finds nothing)", "sft": "SFT only", "final": f"SFT + {cfg['algorithm']}"}
+    base = "no-calculator baseline (the calculator always fails)" if cfg["task"] == "arith" else \
+        "no-tool baseline (search finds nothing)"
+    names = {"no_tool": base, "sft": "SFT only", "final": f"SFT + {cfg['algorithm']}"}
     for key in ("no_tool", "sft", "final"):
         if key in evals:
             e = evals[key]
             lines.append(f"| {names[key]} | " + " | ".join(f"{e.get(k, float('nan')):.3f}" for k in kinds)
                          + f" | {e['em/all']:.3f} | {e['tool_calls']:.2f} | {e['turns']:.2f} |")
+    drill = read_jsonl(run_dir / "drill.jsonl") if (run_dir / "drill.jsonl").exists() else []
+    if drill and "copy" in drill[-1]:
+        lines += ["", f"Copying after {drill[-1]['step']} drill steps: {drill[-1]['copy']:.0%} of held-out drills copied "
+                  "exactly (teacher-forced)." + (" Below 90%, SFT has to finish learning to copy, which takes a "
+                                                 "seed-dependent number of steps." if copy_signal(drill) else "")]
     if "final" in evals:
         lines += ["", f"Rollout throughput of the batched loop (greedy evaluation): "
                   f"{evals['final']['agent_tokens_per_s']:.0f} agent tokens/s."]

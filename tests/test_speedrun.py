@@ -142,14 +142,14 @@ def test_bench_rl_matters_reuses_sft_and_refuses_a_different_one(tmp_path):
     assert res.returncode != 0 and "differs in ['sft_two_hop_stop']" in res.stderr  # other demonstrations: refused
 
 
-def test_bench_rl_speed_compares_the_update_switches_side_by_side(tmp_path):
-    "rl-speed at CI size: both settings from one SFT checkpoint, their throughput and the ratio; bad --steps refused."
+def test_bench_rl_speed_compares_the_switches_side_by_side(tmp_path):
+    "rl-speed at CI size: the three settings from one SFT checkpoint, their throughput and the ratio; bad --steps refused."
     bench = [sys.executable, "scripts/bench_speedrun.py", "rl-speed", "--seeds", "0", "--preset", "ci", "--quiet",
              "--set", "retriever=bm25", "--out", str(tmp_path)]
     res = subprocess.run([*bench, "--steps", "2"], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout + res.stderr
-    rows = [l for l in res.stdout.splitlines() if l.startswith("| every row") or l.startswith("| filter_groups")]
-    assert len(rows) == 2 and all(float(r.split("|")[2]) > 0 for r in rows)  # episodes/s of each
+    rows = [l for l in res.stdout.splitlines() if l.startswith(("| transformers' decoding", "| + "))]
+    assert len(rows) == 3 and all(float(r.split("|")[2]) > 0 for r in rows)  # episodes/s of each
     assert "Episodes per second: **" in res.stdout and (tmp_path / "bench-rl-speed.md").exists()
     res = subprocess.run([*bench, "--steps", "0"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode != 0 and "--steps must be >= 1" in res.stderr
@@ -161,3 +161,13 @@ def test_bench_algorithms_refuses_an_unknown_algorithm(tmp_path):
                          timeout=300)
     assert res.returncode != 0 and "unknown algorithm(s) ['a2c']" in res.stderr and "Traceback" not in res.stderr
     assert not any(tmp_path.iterdir())  # refused before any work
+
+
+def test_bench_arith_reports_each_seed_beside_the_no_calculator_baseline(tmp_path):
+    res = subprocess.run([sys.executable, "scripts/bench_speedrun.py", "arith", "--seeds", "0", "--preset", "ci",
+                          "--quiet", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = [l for l in res.stdout.splitlines() if l.startswith("| 0 |")]
+    assert len(rows) == 1 and rows[0].rstrip().endswith(("| met |", "| not met |"))
+    assert 0 <= float(rows[0].split("|")[2]) <= 1 and "Seeds meeting the target: **" in res.stdout
+    assert (tmp_path / "arith-s0" / "report.md").read_text().count("no-calculator baseline") == 1
