@@ -549,6 +549,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                             'agent_r1_tutorial/speedrun.py'),
                                             'agent_r1_tutorial.speedrun.check_turn_budget': ( 'speedrun.html#check_turn_budget',
                                                                                               'agent_r1_tutorial/speedrun.py'),
+                                            'agent_r1_tutorial.speedrun.collate_drills': ( 'speedrun.html#collate_drills',
+                                                                                           'agent_r1_tutorial/speedrun.py'),
                                             'agent_r1_tutorial.speedrun.copy_accuracy': ( 'speedrun.html#copy_accuracy',
                                                                                           'agent_r1_tutorial/speedrun.py'),
                                             'agent_r1_tutorial.speedrun.copy_signal': ( 'speedrun.html#copy_signal',

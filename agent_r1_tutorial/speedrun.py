@@ -36,9 +36,10 @@ __all__ = ['ORG_SUFFIXES', 'ONE_HOP', 'TWO_HOP', 'TASKS', 'RETRIEVERS', 'STAGE_N
            'parse_question', 'search_call', 'stops_early', 'search_expert', 'play', 'arith_problem', 'make_arith_tasks',
            'arith_reward', 'arith_env', 'arith_expert', 'SpeedrunConfig', 'Suite', 'build_suite', 'expert_trajectories',
            'build_tokenizer', 'longest_turn', 'check_turn_budget', 'sft_loss', 'pretrain_batches', 'search_drill',
-           'arith_drill', 'drill_batches', 'copy_accuracy', 'copy_signal', 'sft_batches', 'train_lm', 'episode_record',
-           'evaluate_agent', 'rl_signal', 'rl_trainer_config', 'run_speedrun', 'plot_run', 'em_timeline',
-           'plot_em_over_time', 'write_report', 'episode_html', 'trajectory_browser', 'fresh_world', 'ask']
+           'arith_drill', 'collate_drills', 'drill_batches', 'copy_accuracy', 'copy_signal', 'sft_batches', 'train_lm',
+           'episode_record', 'evaluate_agent', 'rl_signal', 'rl_trainer_config', 'run_speedrun', 'plot_run',
+           'em_timeline', 'plot_em_over_time', 'write_report', 'episode_html', 'trajectory_browser', 'fresh_world',
+           'ask']
 
 # %% ../nbs/11_speedrun.ipynb #42b22e8f
 _CONSONANTS, _VOWELS = "bdfgklmnprstvz", "aeiou"
@@ -688,20 +689,24 @@ def arith_drill(rng: random.Random, think: bool = True) -> tuple[str, str]:
     return f"<tool_response>\n{r}\n</tool_response>\n", f"{head}<answer>{r}</answer>"
 
 
+def collate_drills(tokenizer, pairs: Sequence[tuple[str, str]]) -> dict:
+    "One batch of (context, target) pairs, right-padded, with labels on the targets only."
+    ctx = [tokenizer.encode(c, add_special_tokens=False) for c, _ in pairs]
+    tgt = [tokenizer.encode(t, add_special_tokens=False) for _, t in pairs]
+    L = max(len(c) + len(t) for c, t in zip(ctx, tgt))
+    ids = torch.full((len(pairs), L), tokenizer.pad_token_id)
+    labels, attn = torch.full((len(pairs), L), -100), torch.zeros(len(pairs), L, dtype=torch.long)
+    for i, (c, t) in enumerate(zip(ctx, tgt)):
+        ids[i, :len(c) + len(t)] = torch.tensor(c + t)
+        attn[i, :len(c) + len(t)] = 1
+        labels[i, len(c):len(c) + len(t)] = torch.tensor(t)
+    return {"input_ids": ids, "attention_mask": attn, "labels": labels}
+
+
 def drill_batches(tokenizer, drill: Callable[[random.Random], tuple[str, str]], batch_size: int, rng: random.Random):
     "Endless batches of drills: next-token loss on each target only (the context is given)."
     while True:
-        pairs = [drill(rng) for _ in range(batch_size)]
-        ctx = [tokenizer.encode(c, add_special_tokens=False) for c, _ in pairs]
-        tgt = [tokenizer.encode(t, add_special_tokens=False) for _, t in pairs]
-        L = max(len(c) + len(t) for c, t in zip(ctx, tgt))
-        ids = torch.full((batch_size, L), tokenizer.pad_token_id)
-        labels, attn = torch.full((batch_size, L), -100), torch.zeros(batch_size, L, dtype=torch.long)
-        for i, (c, t) in enumerate(zip(ctx, tgt)):
-            ids[i, :len(c) + len(t)] = torch.tensor(c + t)
-            attn[i, :len(c) + len(t)] = 1
-            labels[i, len(c):len(c) + len(t)] = torch.tensor(t)
-        yield {"input_ids": ids, "attention_mask": attn, "labels": labels}
+        yield collate_drills(tokenizer, [drill(rng) for _ in range(batch_size)])
 
 
 @torch.no_grad()
@@ -713,8 +718,7 @@ def copy_accuracy(model, tokenizer, pairs: Sequence[tuple[str, str]], batch_size
     model.eval()
     try:
         for i in range(0, len(pairs), batch_size):
-            chunk = iter(pairs[i:i + batch_size])
-            b = next(drill_batches(tokenizer, lambda _: next(chunk), len(pairs[i:i + batch_size]), random.Random(0)))
+            b = collate_drills(tokenizer, pairs[i:i + batch_size])
             pred = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits[:, :-1].argmax(-1)
             labels = b["labels"][:, 1:]
             right += int(((pred == labels) | (labels < 0)).all(dim=1).sum())

@@ -82,6 +82,7 @@ def headline(args, lines: list[str]):
 
 def arith(args, lines: list[str]):
     "The arithmetic task from random initialisation, once per seed, beside the no-calculator baseline."
+    from agent_r1_tutorial.core import read_jsonl
     from agent_r1_tutorial.speedrun import run_speedrun
 
     lines += ["## Arithmetic with a calculator: random initialisation to held-out EM, one run per seed", "",
@@ -94,7 +95,7 @@ def arith(args, lines: list[str]):
         d = Path(args.out) / f"arith-s{cfg.seed}"
         ev = run_speedrun(cfg, d, progress=not args.quiet)
         t = sum(_total(d).values())
-        drill = [json.loads(l) for l in (d / "drill.jsonl").read_text().splitlines()] if (d / "drill.jsonl").exists() else []
+        drill = read_jsonl(d / "drill.jsonl") if (d / "drill.jsonl").exists() else []
         copy = f"{drill[-1]['copy']:.2f}" if drill and "copy" in drill[-1] else ""
         ok = ev["final"]["em/arith"] >= 0.90 and t <= 900
         met += ok
