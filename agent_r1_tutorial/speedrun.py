@@ -31,15 +31,15 @@ from .rewards import exact_match, numbers_match
 from .trainer import ALGORITHMS, Trainer, TrainerConfig, latest_checkpoint
 
 # %% auto #0
-__all__ = ['ORG_SUFFIXES', 'ONE_HOP', 'TWO_HOP', 'TASKS', 'RETRIEVERS', 'STAGE_NAMES', 'World', 'make_world', 'make_questions',
-           'Split', 'make_split', 'CachedEncoder', 'NoSearch', 'search_reward', 'WorldSearchTool', 'WorldSearch',
-           'parse_question', 'search_call', 'stops_early', 'search_expert', 'play', 'arith_problem', 'make_arith_tasks',
-           'arith_reward', 'arith_env', 'arith_expert', 'SpeedrunConfig', 'Suite', 'build_suite', 'expert_trajectories',
-           'build_tokenizer', 'longest_turn', 'check_turn_budget', 'sft_loss', 'pretrain_batches', 'search_drill',
-           'arith_drill', 'collate_drills', 'drill_batches', 'copy_accuracy', 'copy_signal', 'sft_batches', 'train_lm',
-           'episode_record', 'evaluate_agent', 'rl_signal', 'rl_trainer_config', 'run_speedrun', 'plot_run',
-           'em_timeline', 'plot_em_over_time', 'write_report', 'episode_html', 'trajectory_browser', 'fresh_world',
-           'ask']
+__all__ = ['ORG_SUFFIXES', 'ONE_HOP', 'TWO_HOP', 'TASKS', 'RETRIEVERS', 'COPY_ENOUGH', 'STAGE_NAMES', 'World', 'make_world',
+           'make_questions', 'Split', 'make_split', 'CachedEncoder', 'NoSearch', 'search_reward', 'WorldSearchTool',
+           'WorldSearch', 'parse_question', 'search_call', 'stops_early', 'search_expert', 'play', 'arith_problem',
+           'make_arith_tasks', 'arith_reward', 'arith_env', 'arith_expert', 'SpeedrunConfig', 'Suite', 'build_suite',
+           'expert_trajectories', 'build_tokenizer', 'longest_turn', 'check_turn_budget', 'sft_loss',
+           'pretrain_batches', 'search_drill', 'arith_drill', 'collate_drills', 'drill_batches', 'copy_accuracy',
+           'copy_signal', 'sft_batches', 'train_lm', 'episode_record', 'evaluate_agent', 'rl_signal',
+           'rl_trainer_config', 'run_speedrun', 'plot_run', 'em_timeline', 'plot_em_over_time', 'write_report',
+           'episode_html', 'trajectory_browser', 'fresh_world', 'ask']
 
 # %% ../nbs/11_speedrun.ipynb #42b22e8f
 _CONSONANTS, _VOWELS = "bdfgklmnprstvz", "aeiou"
@@ -727,7 +727,10 @@ def copy_accuracy(model, tokenizer, pairs: Sequence[tuple[str, str]], batch_size
     return right / len(pairs)
 
 
-def copy_signal(drill_log: Sequence[dict], least: float = 0.9) -> str | None:
+COPY_ENOUGH = 0.9  # held-out copy accuracy after the drills above which SFT need not finish teaching copying
+
+
+def copy_signal(drill_log: Sequence[dict], least: float = COPY_ENOUGH) -> str | None:
     "A note when the drills ended with held-out copying below `least` (SFT then spends its steps finishing it)."
     copy = drill_log[-1].get("copy") if drill_log else None
     if copy is None or copy >= least:
@@ -1150,8 +1153,8 @@ def write_report(run_dir: str | Path) -> Path:
     drill = read_jsonl(run_dir / "drill.jsonl") if (run_dir / "drill.jsonl").exists() else []
     if drill and "copy" in drill[-1]:
         lines += ["", f"Copying after {drill[-1]['step']} drill steps: {drill[-1]['copy']:.0%} of held-out drills copied "
-                  "exactly (teacher-forced)." + (" Below 90%, SFT has to finish learning to copy, which takes a "
-                                                 "seed-dependent number of steps." if copy_signal(drill) else "")]
+                  "exactly (teacher-forced)." + (f" Below {COPY_ENOUGH:.0%}, SFT has to finish learning to copy, which "
+                                                 "takes a seed-dependent number of steps." if copy_signal(drill) else "")]
     if "final" in evals:
         lines += ["", f"Rollout throughput of the batched loop (greedy evaluation): "
                   f"{evals['final']['agent_tokens_per_s']:.0f} agent tokens/s."]

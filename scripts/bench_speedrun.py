@@ -228,7 +228,7 @@ def rl_speed(args, lines: list[str]):
     mean = lambda name, k, d=float("nan"): statistics.mean(m.get(k, d) for m in logs[name])
     lines += [f"## RL throughput: {args.steps} steps of {cfg.prompts_per_step} prompts × {cfg.group_size} episodes "
               "each, the settings alternated from the same SFT checkpoint", "",
-              "| update settings | episodes/s | step s | rollout s (prefill / decode / tools) | rows, scores, log-probs s "
+              "| settings | episodes/s | step s | rollout s (prefill / decode / tools) | rows, scores, log-probs s "
               "| update s | rows updated | groups with signal |", "|---|---|---|---|---|---|---|---|"]
     eps = {}
     for name in trainers:
