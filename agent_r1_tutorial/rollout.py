@@ -20,8 +20,8 @@ from .masks import collate, env_suffix, growing_layout, initial_prompt_ids, step
 from .mdp import Step, Trajectory
 
 # %% auto #0
-__all__ = ['SamplingParams', 'Generation', 'PolicyBackend', 'GrowingCacheLayer', 'GrowingCache', 'sdpa_gqa', 'HFBackend',
-           'ScriptedBackend', 'AgentEnvLoop', 'to_batch', 'EchoEnv', 'benchmark_rollout']
+__all__ = ['SamplingParams', 'Generation', 'PolicyBackend', 'GrowingCacheLayer', 'GrowingCache', 'sdpa_gqa', 'sample_tokens',
+           'HFBackend', 'ScriptedBackend', 'AgentEnvLoop', 'to_batch', 'EchoEnv', 'benchmark_rollout']
 
 # %% ../nbs/06_rollout.ipynb #b37c8531
 @dataclass
@@ -143,6 +143,20 @@ def sdpa_gqa(module, query, key, value, attention_mask, dropout: float = 0.0, sc
 AttentionInterface.register("sdpa_gqa", sdpa_gqa)
 AttentionMaskInterface.register("sdpa_gqa", sdpa_mask)
 
+# %% ../nbs/06_rollout.ipynb #f08ea3b8
+def sample_tokens(
+    logp: torch.Tensor,  # (batch, vocab) log-probabilities (rows need not be normalised exactly)
+    generator: torch.Generator | None = None,  # the random stream (seeded per backend, for reproducible rollouts)
+) -> torch.Tensor:  # (batch,) one sampled id per row
+    "Draw one token per row by inverse-transform sampling: a running sum of the probabilities and one uniform each."
+    if logp.dim() != 2 or logp.shape[1] == 0:
+        raise ValueError(f"logp must be (batch, vocab) with vocab > 0, got shape {tuple(logp.shape)}")
+    # float64 for the running sum: 1e-16 of rounding over the vocabulary, not float32's 1e-7 per term
+    cdf = logp.double().exp().cumsum(-1)
+    u = torch.rand(cdf.shape[0], 1, generator=generator, dtype=torch.float64, device=cdf.device) * cdf[:, -1:]
+    # right=True: the first i with cdf[i] > u, so a zero-probability token (cdf[i] == cdf[i-1]) is never drawn
+    return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_max(cdf.shape[1] - 1)
+
 # %% ../nbs/06_rollout.ipynb #9ef8c1a6
 class _KVState:
     "The batch's KV cache between calls: the tokens each row holds; padding holes are masked out."
@@ -170,10 +184,14 @@ class HFBackend(PolicyBackend):
         reuse_cache: bool = True,  # keep each episode's KV cache between turns (False: re-encode every turn)
         generator: torch.Generator | None = None,  # sampling randomness; seed it for reproducible rollouts
         fast_decode: bool = True,  # `GrowingCache`, and `sdpa_gqa` on the CPU (False: transformers' defaults)
+        sampler: Callable | None = None,  # (logp, generator) -> ids; default `sample_tokens`
+        share_prompts: bool = True,  # prefill each distinct context once when the cache starts empty (a group's prompt)
     ):
         if not isinstance(pad_token_id, int) or pad_token_id < 0:
             raise ValueError(f"pad_token_id must be an int >= 0, got {pad_token_id!r}")
         self.model, self.pad, self.reuse_cache, self.fast_decode = model, pad_token_id, reuse_cache, fast_decode
+        self.sampler = sample_tokens if sampler is None else sampler
+        self.share_prompts = share_prompts
         self.device = next(model.parameters()).device
         self.generator = generator if generator is not None else torch.Generator(device=self.device)
         self.state = _KVState()
@@ -228,6 +246,24 @@ class HFBackend(PolicyBackend):
             st.held, st.keys = [[] for _ in contexts], list(keys)
         return [c[len(h):] for c, h in zip(contexts, st.held)]
 
+    def _prefill(self, new: list[list[int]]) -> torch.Tensor:
+        "Feed the contexts; from an empty cache, each distinct context once, its keys and values then copied per row."
+        st = self.state
+        if not self.share_prompts or any(st.held):
+            return self._feed(new, "prefill")
+        first: dict[tuple, int] = {}
+        rows = [first.setdefault(tuple(x), len(first)) for x in new]  # row -> its context's first occurrence
+        if len(first) == len(new):
+            return self._feed(new, "prefill")
+        keys = st.keys
+        st.held, st.keys = [[] for _ in first], list(range(len(first)))
+        logits = self._feed([list(x) for x in first], "prefill")  # the G episodes of a group: one row, not G
+        t0 = time.perf_counter()
+        st.select(rows)  # copy each distinct row out to the episodes that share it
+        st.held, st.keys = [list(h) for h in st.held], keys  # each episode's own record from here on
+        self.stats["prefill_s"] += time.perf_counter() - t0
+        return logits[torch.tensor(rows, device=logits.device)]
+
     @torch.no_grad()
     def generate(self, contexts, params, keys=None, max_new_tokens=None) -> list[Generation]:
         "Continue every context until it samples a stop id or spends its budget."
@@ -239,7 +275,7 @@ class HFBackend(PolicyBackend):
         if swap:
             self.model.set_attn_implementation("sdpa_gqa")  # for this call only: training keeps its kernel
         try:
-            logits = self._feed(self._prepare(contexts, keys), "prefill")
+            logits = self._prefill(self._prepare(contexts, keys))
             B, stops = len(contexts), set(params.stop_token_ids)
             out_ids, out_lp = [[] for _ in range(B)], [[] for _ in range(B)]
             reason, active = ["length"] * B, [True] * B
@@ -248,7 +284,7 @@ class HFBackend(PolicyBackend):
                 if params.greedy:
                     tok = logp.argmax(dim=-1)
                 else:
-                    tok = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(1)
+                    tok = self.sampler(logp, self.generator)
                 chosen = logp.gather(1, tok[:, None]).squeeze(1).tolist()
                 tok = tok.tolist()
                 feed = [[] for _ in range(B)]

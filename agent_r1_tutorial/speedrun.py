@@ -5,6 +5,7 @@
 # %% ../nbs/11_speedrun.ipynb #697f0133
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import json
@@ -192,6 +193,12 @@ class CachedEncoder:
     def __init__(self, encoder: SentenceEncoder, max_items: int = 200_000):
         self.encoder, self.name, self.dim, self.max_items = encoder, encoder.name, encoder.dim, max_items
         self.cache: dict[str, np.ndarray] = {}
+        self.expected: dict[str, None] = {}  # queries announced by `expect`, encoded with the next miss
+
+    def expect(self, query: str):
+        "Announce a query that is about to be searched, so that the next miss encodes it in the same batch."
+        if query not in self.cache:
+            self.expected[query] = None
 
     def encode_docs(self, texts):
         return self.encoder.encode_docs(texts)
@@ -199,6 +206,9 @@ class CachedEncoder:
     def encode_queries(self, queries):
         missing = list(dict.fromkeys(q for q in queries if q not in self.cache))
         if missing:
+            # one encoder call for this miss and every announced one: a step's new queries cost one batch
+            missing = list(dict.fromkeys([*missing, *(q for q in self.expected if q not in self.cache)]))
+            self.expected.clear()
             if len(self.cache) + len(missing) > self.max_items:
                 self.cache.clear()
             self.cache.update(zip(missing, self.encoder.encode_queries(missing)))
@@ -221,6 +231,15 @@ class WorldSearchTool(SearchTool):
     "`SearchTool` with a one-line schema: the tool list is in every context, and on a CPU every token costs."
     description = "Search the passages."
     parameters = {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}
+
+    async def aexecute(self, arguments: dict) -> ToolResult:
+        # a search of 20 passages held in memory takes microseconds: run it on the event loop, not in a worker thread
+        # (the default), whose hand-offs cost more than the search when 128 episodes call at once
+        enc = getattr(self.retriever, "encoder", None)
+        if isinstance(enc, CachedEncoder) and isinstance(arguments.get("query"), str):
+            enc.expect(arguments["query"])
+            await asyncio.sleep(0)  # let every episode of the turn announce its query; the first miss encodes them all
+        return self.execute(**arguments)
 
 
 class WorldSearch:

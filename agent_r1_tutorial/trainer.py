@@ -71,7 +71,7 @@ class TrainerConfig:
     micro_batch_size: int = 8  # rows per forward/backward (gradients accumulate over a minibatch)
     bypass_mode: bool = False  # old_log_probs = the sampler's log-probs (verl's rollout_correction.bypass_mode)
     filter_groups: bool = False  # update only on rows with a non-zero advantage (DAPO's group filter, no refill)
-    fast_decode: bool = True  # the rollout's growing KV cache and GQA kernel (chapter 06); False: transformers' own
+    fast_decode: bool = True  # the rollout's growing KV cache, GQA kernel and shared group prompts (chapter 06)
     # --- losses
     policy_loss: str = "vanilla"  # a name in losses.POLICY_LOSSES
     clip_ratio_low: float = 0.2
@@ -301,6 +301,7 @@ class Trainer:
         # three generators, all checkpointed: which tasks, which tokens, which row order
         self.task_rng = random.Random(config.seed)
         self.sample_gen = torch.Generator(device=self.device).manual_seed(config.seed + 1)
+        self.sampler = None  # the rollout's token draw, (logp, generator) -> ids; None: `sample_tokens` (chapter 06)
         self.shuffle_gen = torch.Generator().manual_seed(config.seed + 2)
         self.global_step = 0
         stops = config.stop_token_ids if config.stop_token_ids is not None else (tokenizer.eos_token_id,)
@@ -324,7 +325,8 @@ class Trainer:
         params = SamplingParams(self.params.temperature, self.params.max_new_tokens, self.params.stop_token_ids,
                                 greedy=greedy)
         backend = HFBackend(self.policy, self.tokenizer.pad_token_id, generator=self.sample_gen,
-                            fast_decode=self.config.fast_decode)
+                            fast_decode=self.config.fast_decode, sampler=self.sampler,
+                            share_prompts=self.config.fast_decode)
         loop = AgentEnvLoop(backend, self.tokenizer, params, self.config.max_context, self.config.max_turns)
         trajs = loop.run(envs, flat, uids, groups)
         self.last_rollout_metrics = {**loop.metrics, "prefill_s": backend.stats["prefill_s"],

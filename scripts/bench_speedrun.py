@@ -20,6 +20,7 @@ started again with the same --out continues where it stopped.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import shutil
@@ -202,8 +203,10 @@ def algorithms(args, lines: list[str]):
 def rl_speed(args, lines: list[str]):
     "RL steps with the update's switches off and on, alternated from one SFT checkpoint: episodes per second."
     from transformers import AutoTokenizer
+    import torch
 
-    from agent_r1_tutorial.speedrun import _load_model, build_suite, rl_trainer_config, run_speedrun
+    from agent_r1_tutorial.speedrun import WorldSearchTool, _load_model, build_suite, rl_trainer_config, run_speedrun
+    from agent_r1_tutorial.tools import BaseTool
     from agent_r1_tutorial.trainer import Trainer
 
     seed = args.seeds[0]
@@ -212,14 +215,29 @@ def rl_speed(args, lines: list[str]):
     base = Path(args.out) / f"rl-speed-s{seed}-sft"
     run_speedrun(cfg, base, progress=not args.quiet, stages=["data", "sft"], suite=suite)
     tok = AutoTokenizer.from_pretrained(base / "tokenizer")
-    variants = {"transformers' decoding, every row, old log-probs recomputed":
-                    dict(fast_decode=False, filter_groups=False, bypass_mode=False),
-                "+ filter_groups, bypass_mode": dict(fast_decode=False, filter_groups=True, bypass_mode=True),
-                "+ fast_decode (growing KV cache, GQA kernel)": dict(fast_decode=True, filter_groups=True,
-                                                                       bypass_mode=True)}
-    trainers = {name: Trainer(_load_model(base / "sft_model"), tok, suite.train_env, suite.train_tasks,
-                              dataclasses.replace(rl_trainer_config(cfg, base), out_dir=None, save_every=0, **kw))
-                for name, kw in variants.items()}
+
+    class ThreadedSearch(WorldSearchTool):
+        aexecute = BaseTool.aexecute  # each search in a worker thread, its new query embedded alone (the old path)
+
+    threaded = copy.copy(suite.train_env)
+    threaded.tools = {}
+    for wid in range(len(threaded.worlds)):
+        t = suite.train_env.tool(wid)
+        threaded.tools[wid] = ThreadedSearch(t.retriever, k=t.k, max_chars=t.max_chars)
+    multinomial = lambda logp, gen: torch.multinomial(logp.exp(), 1, generator=gen).squeeze(1)
+    old, new = (multinomial, threaded), (None, suite.train_env)  # (sampler, environments); None: `sample_tokens`
+    variants = {"transformers' decoding, torch.multinomial, searches in threads, every row, old log-probs recomputed":
+                    (dict(fast_decode=False, filter_groups=False, bypass_mode=False), old),
+                "+ filter_groups, bypass_mode": (dict(fast_decode=False, filter_groups=True, bypass_mode=True), old),
+                "+ fast_decode (growing KV cache, GQA kernel, one prefill per prompt)":
+                    (dict(fast_decode=True, filter_groups=True, bypass_mode=True), old),
+                "+ sample_tokens, searches batched on the event loop":
+                    (dict(fast_decode=True, filter_groups=True, bypass_mode=True), new)}
+    trainers = {}
+    for name, (kw, (sampler, make_env)) in variants.items():
+        tr = trainers[name] = Trainer(_load_model(base / "sft_model"), tok, make_env, suite.train_tasks,
+                                      dataclasses.replace(rl_trainer_config(cfg, base), out_dir=None, save_every=0, **kw))
+        tr.sampler = sampler
     logs = {name: [] for name in trainers}
     for _ in range(args.steps):  # alternate, so that both see the same machine load
         for name, tr in trainers.items():

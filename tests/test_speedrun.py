@@ -143,13 +143,13 @@ def test_bench_rl_matters_reuses_sft_and_refuses_a_different_one(tmp_path):
 
 
 def test_bench_rl_speed_compares_the_switches_side_by_side(tmp_path):
-    "rl-speed at CI size: the three settings from one SFT checkpoint, their throughput and the ratio; bad --steps refused."
+    "rl-speed at CI size: the four settings from one SFT checkpoint, their throughput and the ratio; bad --steps refused."
     bench = [sys.executable, "scripts/bench_speedrun.py", "rl-speed", "--seeds", "0", "--preset", "ci", "--quiet",
              "--set", "retriever=bm25", "--out", str(tmp_path)]
     res = subprocess.run([*bench, "--steps", "2"], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout + res.stderr
     rows = [l for l in res.stdout.splitlines() if l.startswith(("| transformers' decoding", "| + "))]
-    assert len(rows) == 3 and all(float(r.split("|")[2]) > 0 for r in rows)  # episodes/s of each
+    assert len(rows) == 4 and all(float(r.split("|")[2]) > 0 for r in rows)  # episodes/s of each
     assert "Episodes per second: **" in res.stdout and (tmp_path / "bench-rl-speed.md").exists()
     res = subprocess.run([*bench, "--steps", "0"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode != 0 and "--steps must be >= 1" in res.stderr
