@@ -340,6 +340,7 @@ def search_expert(
     think: bool = True,  # quote the sentence it read in <think>
     stop_early: float = 0.0,  # the share of two-hop questions it answers after one search, with the bridge entity
     salt: int = 0,  # which two-hop questions those are
+    plan: bool = False,  # open the first turn with the number of searches the question needs: <think>2 hops</think>
 ) -> str:
     "The scripted expert: the next response, given the rendered context so far."
     users = _CONTEXT_USER.findall(context)
@@ -348,17 +349,20 @@ def search_expert(
         return "<answer>unknown</answer>"
     if stops_early(users[0], stop_early, salt):
         path = path[:1]  # a weaker demonstrator: it takes the first name it finds for the answer
+    results = _CONTEXT_RESULTS.findall(context)
+    # the plan is the number of searches it will make: where it quits early, it misjudged the question as one hop
+    intro = f"<think>{len(path)} hop{'s' if len(path) > 1 else ''}</think>\n" if plan and not results else ""
     quote = ""
-    for i, result in enumerate(_CONTEXT_RESULTS.findall(context)):
+    for i, result in enumerate(results):
         m = re.search(_RELATION_RES[path[i]].format(e=re.escape(entity)), result) if i < len(path) else None
         if m is None:  # retrieval missed: the expert gives up, and its episode is left out of SFT
             return "<answer>unknown</answer>"
         quote, entity = m.group(0), m.group(1)
         if i + 1 == len(path):
             break
-    done = bool(quote) and len(_CONTEXT_RESULTS.findall(context)) >= len(path)
+    done = bool(quote) and len(results) >= len(path)
     head = f"<think>{quote}</think>\n" if think and quote else ""
-    return head + (f"<answer>{entity}</answer>" if done else search_call(entity))
+    return intro + head + (f"<answer>{entity}</answer>" if done else search_call(entity))
 
 # %% ../nbs/11_speedrun.ipynb #3f2471e9
 def play(
@@ -460,6 +464,7 @@ class SpeedrunConfig:
     sft_two_hop_stop: float = 0.0  # of those, the share where it answers after one search (a flawed expert)
     rl_hops: tuple = (1, 2)  # the questions RL trains on
     think: bool = True  # the expert quotes the sentence it reads
+    plan: bool = False  # the expert opens with the number of searches the question needs (<think>2 hops</think>)
     vocab_size: int = 1024
     # --- model
     hidden_size: int = 128
@@ -512,7 +517,7 @@ class SpeedrunConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
-        for name in ("filter_groups", "bypass_mode", "think", "drill_fresh"):
+        for name in ("filter_groups", "bypass_mode", "think", "drill_fresh", "plan"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         for name in ("pretrain_steps", "drill_steps", "sft_steps", "rl_steps", "eval_every", "save_every",
@@ -588,7 +593,7 @@ def build_suite(cfg: SpeedrunConfig, encoder: CachedEncoder | None = None) -> Su
     sft = [t for t in sft if t["hops"] == 1 or id(t) in keep]  # in their order: world by world
     stop, salt, ev_names = cfg.sft_two_hop_stop, cfg.seed, frozenset(ev.names())
     return Suite([t for t in tr.tasks if t["hops"] in cfg.rl_hops], sft, ev.tasks, train_env, eval_env, no_tool,
-                 lambda ctx: search_expert(ctx, think=cfg.think, stop_early=stop, salt=salt),
+                 lambda ctx: search_expert(ctx, think=cfg.think, stop_early=stop, salt=salt, plan=cfg.plan),
                  [d["text"] for w in tr.worlds for d in w.passages()],
                  lambda rng: search_drill(tr.worlds, rng, cfg.search_k, cfg.drill_fresh, ev_names), time.perf_counter() - t0,
                  flawed=lambda t: stops_early(t["question"], stop, salt),
