@@ -340,18 +340,18 @@ def search_expert(
     think: bool = True,  # quote the sentence it read in <think>
     stop_early: float = 0.0,  # the share of two-hop questions it answers after one search, with the bridge entity
     salt: int = 0,  # which two-hop questions those are
-    plan: bool = False,  # open the first turn with the number of searches it will make: <think>2 hops</think>
+    plan: bool = False,  # open the first turn with the number of searches the question needs: <think>2 hops</think>
 ) -> str:
     "The scripted expert: the next response, given the rendered context so far."
     users = _CONTEXT_USER.findall(context)
     entity, path = parse_question(users[0]) if users else (None, ())
     if entity is None:
         return "<answer>unknown</answer>"
+    results = _CONTEXT_RESULTS.findall(context)
+    # the plan is the question's number of hops, also where a flawed expert then quits early: it knew, and stopped
+    intro = f"<think>{len(path)} hop{'s' if len(path) > 1 else ''}</think>\n" if plan and not results else ""
     if stops_early(users[0], stop_early, salt):
         path = path[:1]  # a weaker demonstrator: it takes the first name it finds for the answer
-    results = _CONTEXT_RESULTS.findall(context)
-    # the plan is the number of searches it will make: where it quits early, it misjudged the question as one hop
-    intro = f"<think>{len(path)} hop{'s' if len(path) > 1 else ''}</think>\n" if plan and not results else ""
     quote = ""
     for i, result in enumerate(results):
         m = re.search(_RELATION_RES[path[i]].format(e=re.escape(entity)), result) if i < len(path) else None
@@ -464,7 +464,7 @@ class SpeedrunConfig:
     sft_two_hop_stop: float = 0.0  # of those, the share where it answers after one search (a flawed expert)
     rl_hops: tuple = (1, 2)  # the questions RL trains on
     think: bool = True  # the expert quotes the sentence it reads
-    plan: bool = False  # the expert opens with the number of searches it will make (<think>2 hops</think>)
+    plan: bool = False  # the expert opens with the number of searches the question needs (<think>2 hops</think>)
     vocab_size: int = 1024
     # --- model
     hidden_size: int = 128
