@@ -97,11 +97,11 @@ def arith(args, lines: list[str]):
         ev = run_speedrun(cfg, d, progress=not args.quiet)
         t = sum(_total(d).values())
         drill = read_jsonl(d / "drill.jsonl") if (d / "drill.jsonl").exists() else []
-        copy = f"{drill[-1]['copy']:.2f}" if drill and "copy" in drill[-1] else ""
+        copied = f"{drill[-1]['copy']:.2f}" if drill and "copy" in drill[-1] else ""
         ok = ev["final"]["em/arith"] >= 0.90 and t <= 900
         met += ok
         lines.append(f"| {seed} | {_fmt(ev['no_tool']['em/arith'])} | {_fmt(ev['sft']['em/arith'])} "
-                     f"| {_fmt(ev['final']['em/arith'])} | {copy} | {t:.0f} | {'met' if ok else 'not met'} |")
+                     f"| {_fmt(ev['final']['em/arith'])} | {copied} | {t:.0f} | {'met' if ok else 'not met'} |")
     lines += ["", f"Seeds meeting the target: **{met} of {len(args.seeds)}**.", ""]
 
 
