@@ -15,6 +15,8 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import torch
 
+from .tools import tag_blocks  # a linear scan: a policy under RL writes degenerate text
+
 # %% auto #0
 __all__ = ['FORMATS', 'ANSWER_METRICS', 'SCORERS', 'normalize_answer', 'exact_match', 'f1_score', 'substring_match',
            'split_turns', 'extract_answer', 'format_reward', 'extract_final_number', 'numbers_match',
@@ -99,20 +101,6 @@ _MARKUP = re.compile(r"<\|im_start\|>\s*(?:assistant|user|tool|system)?\s*|<\|im
 _OBSERVATION = {"hermes": ("<tool_response>", "</tool_response>"), "search_r1": ("<information>", "</information>")}
 
 
-def _blocks(text: str, open_: str, close: str) -> list[tuple[int, int]]:
-    "(start, end) of each `open_ ... close` block, left to right, each ending at the first `close` after its start."
-    # str.find, not a regex: a policy under RL writes degenerate text, and a backtracking pattern over it can take
-    # hours (the reward would stall the trainer); every character here is looked at a bounded number of times
-    out, i = [], text.find(open_)
-    while i >= 0:
-        j = text.find(close, i + len(open_))
-        if j < 0:  # unclosed, and so is every later block
-            break
-        out.append((i, j + len(close)))
-        i = text.find(open_, j + len(close))
-    return out
-
-
 def _fmt(fmt: str) -> str:
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose one of {list(FORMATS)}")
@@ -128,7 +116,7 @@ def split_turns(
         raise TypeError(f"solution_str must be a str, got {type(solution_str).__name__}")
     open_, close = _OBSERVATION[_fmt(fmt)]
     spans = []
-    for a, b in _blocks(solution_str, open_, close):
+    for a, b in tag_blocks(solution_str, open_, close):
         if spans and not solution_str[spans[-1][1]:a].strip():  # only whitespace between: the same observation
             spans[-1] = (spans[-1][0], b)
         else:
@@ -175,7 +163,7 @@ def extract_answer(
 ) -> str | None:  # the text inside the final turn's last <answer>...</answer>, stripped; None if there is none
     "The final answer of an episode: the content of the last <answer> tag in its final turn."
     final = split_turns(solution_str, fmt)[-1]
-    found = _blocks(final, "<answer>", "</answer>")
+    found = tag_blocks(final, "<answer>", "</answer>")
     return final[found[-1][0] + len("<answer>"):found[-1][1] - len("</answer>")].strip() if found else None
 
 # %% ../nbs/07_rewards.ipynb #0e8c8478
@@ -211,7 +199,7 @@ def _turn_ok(turn: str, fmt: str, kind: str, require_think: bool) -> bool:
     for s in starts:
         if turn.startswith(open_, s) and end - s >= len(open_) + len(close) and turn.endswith(close, s, end):
             if many:  # every call, each up to its first </tool_call>
-                return all(_valid_call(turn[a + len(open_):b - len(close)]) for a, b in _blocks(turn, open_, close))
+                return all(_valid_call(turn[a + len(open_):b - len(close)]) for a, b in tag_blocks(turn, open_, close))
             return bool(turn[s + len(open_):end - len(close)].strip())
     return False
 

@@ -18,6 +18,7 @@ import platform
 import re
 import shutil
 import signal
+import string
 import subprocess
 import sys
 import tempfile
@@ -31,9 +32,9 @@ import jsonschema
 # %% auto #0
 __all__ = ['ToolCall', 'ToolResult', 'Registry', 'BaseTool', 'register_tool', 'get_tool', 'list_tools', 'truncate_text',
            'resolve_tools', 'arun_tool_calls', 'run_tool_calls', 'run_tool_calls_batch', 'CalculatorError', 'safe_eval',
-           'format_number', 'CalculatorTool', 'ParsedResponse', 'ToolFormat', 'register_format', 'get_format',
-           'list_formats', 'HermesFormat', 'SearchR1Format', 'SandboxResult', 'sandbox_support', 'run_sandboxed',
-           'PythonTool']
+           'format_number', 'CalculatorTool', 'ParsedResponse', 'tag_blocks', 'ToolFormat', 'register_format',
+           'get_format', 'list_formats', 'HermesFormat', 'SearchR1Format', 'SandboxResult', 'sandbox_support',
+           'run_sandboxed', 'strip_fence', 'PythonTool']
 
 # %% ../nbs/03_tools.ipynb #672f6fc5
 @dataclass
@@ -539,33 +540,46 @@ class ParsedResponse:
     errors: list[str] = field(default_factory=list)  # one message per malformed call or tag, for the model to read
 
 
-_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.S)
+def tag_blocks(
+    text: str,
+    open_tag: str,  # e.g. "<tool_call>"
+    close_tag: str,  # e.g. "</tool_call>"
+) -> list[tuple[int, int]]:  # (start, end) of each block, tags included
+    "Each complete `open_tag … close_tag` block, left to right; a block ends at the first `close_tag` after its start."
+    if not open_tag or not close_tag:
+        raise ValueError("open_tag and close_tag must be non-empty strings")
+    # str.find, not a lazy regex: `<tool_call>(.*?)</tool_call>` rescans the rest of the text from every unclosed
+    # opening tag, which is quadratic, and a policy under RL does write 200,000 characters of "<tool_call>". Here
+    # every character is looked at a bounded number of times.
+    out, i = [], text.find(open_tag)
+    while i >= 0:
+        j = text.find(close_tag, i + len(open_tag))
+        if j < 0:  # this block is unclosed, and so is every later one: no closing tag follows
+            break
+        out.append((i, j + len(close_tag)))
+        i = text.find(open_tag, j + len(close_tag))
+    return out
 
 
 def _find_answer(text: str) -> tuple[str | None, list[str]]:
-    matches = list(_ANSWER_RE.finditer(text))
-    answer = matches[-1].group(1).strip() if matches else None
-    tail = text[matches[-1].end():] if matches else text
+    spans = tag_blocks(text, "<answer>", "</answer>")
+    answer = text[spans[-1][0] + len("<answer>"):spans[-1][1] - len("</answer>")].strip() if spans else None
+    tail = text[spans[-1][1]:] if spans else text
     errors = ["an <answer> was opened but not closed with </answer>"] if "<answer>" in tail else []
     return answer, errors
 
 
-def _blocks(text: str, open_tag: str, close_tag: str) -> tuple[list[re.Match], str, list[str]]:
-    "Complete open…close blocks, the text outside them, and errors for unclosed or stray tags."
-    rx = re.compile(re.escape(open_tag) + r"(.*?)" + re.escape(close_tag), re.S)
-    matches, outside, errors, pos = [], [], [], 0
-    for m in rx.finditer(text):
-        outside.append(text[pos:m.start()])
-        matches.append(m)
-        pos = m.end()
-    rest = text[pos:]
-    outside.append(rest)
-    between = "".join(outside[:-1])
+def _blocks(text: str, open_tag: str, close_tag: str) -> tuple[list[tuple[str, str]], str, list[str]]:
+    "(inside, whole) of each complete block, the text outside them, and errors for unclosed or stray tags."
+    spans = tag_blocks(text, open_tag, close_tag)
+    starts, ends = [s for s, _ in spans] + [len(text)], [0] + [e for _, e in spans]
+    outside = [text[a:b] for a, b in zip(ends, starts)]
+    rest, between, errors = outside[-1], "".join(outside[:-1]), []
     if open_tag in rest:
         errors.append(f"a {open_tag} was opened but not closed with {close_tag} (was the response cut off?)")
-    if close_tag in between or close_tag in rest.split(open_tag)[0]:
+    if close_tag in between or close_tag in rest.split(open_tag, 1)[0]:
         errors.append(f"found {close_tag} without a matching {open_tag}")
-    return matches, "".join(outside), errors
+    return [(text[s + len(open_tag):e - len(close_tag)], text[s:e]) for s, e in spans], "".join(outside), errors
 
 
 class ToolFormat:
@@ -673,12 +687,12 @@ class HermesFormat(ToolFormat):
         return ToolCall(name.strip(), args), None
 
     def _parse(self, text: str) -> ParsedResponse:
-        matches, content, errors = _blocks(text, "<tool_call>", "</tool_call>")
+        blocks, content, errors = _blocks(text, "<tool_call>", "</tool_call>")
         calls = []
-        for i, m in enumerate(matches, 1):
-            call, err = self._decode(m.group(1).strip(), i)
+        for i, (body, whole) in enumerate(blocks, 1):
+            call, err = self._decode(body.strip(), i)
             if call is not None:
-                call.raw = m.group(0)
+                call.raw = whole
                 calls.append(call)
             else:
                 errors.append(err)
@@ -686,9 +700,13 @@ class HermesFormat(ToolFormat):
         return ParsedResponse(content=content.strip(), calls=calls, answer=answer, errors=errors + answer_errors)
 
     def format_calls(self, calls: Sequence[ToolCall]) -> str:
-        # the same text the chat template renders for an assistant message's `tool_calls`
-        return "\n".join('<tool_call>\n{"name": ' + json.dumps(c.name, ensure_ascii=False) + ', "arguments": '
-                         + json.dumps(c.arguments, ensure_ascii=False) + '}\n</tool_call>' for c in calls)
+        # the text the chat template renders for an assistant message's `tool_calls`, with one difference: "</" in a
+        # JSON string is written "<\\/" (the same string to every JSON reader), so that an argument holding
+        # "</tool_call>" cannot end its block early; whatever this writes, `parse` reads back exactly
+        def js(x):
+            return json.dumps(x, ensure_ascii=False).replace("</", "<\\/")  # "<" occurs in JSON only inside strings
+        return "\n".join('<tool_call>\n{"name": ' + js(c.name) + ', "arguments": ' + js(c.arguments) + '}\n</tool_call>'
+                         for c in calls)
 
     def format_results(self, results: Sequence[ToolResult]) -> list[dict]:
         return [{"role": "tool", "content": r.text} for r in results]
@@ -714,12 +732,12 @@ class SearchR1Format(ToolFormat):
         self.tool_name, self.argument = tool_name, argument
 
     def _parse(self, text: str) -> ParsedResponse:
-        matches, content, errors = _blocks(text, "<search>", "</search>")
+        blocks, content, errors = _blocks(text, "<search>", "</search>")
         calls = []
-        for i, m in enumerate(matches, 1):
-            q = m.group(1).strip()
+        for i, (body, whole) in enumerate(blocks, 1):
+            q = body.strip()
             if q:
-                calls.append(ToolCall(self.tool_name, {self.argument: q}, m.group(0)))
+                calls.append(ToolCall(self.tool_name, {self.argument: q}, whole))
             else:
                 errors.append(f"search {i} is empty: write the query between <search> and </search>")
         answer, answer_errors = _find_answer(content)
@@ -996,7 +1014,23 @@ def run_sandboxed(
                          truncated=truncated, protections=protections, workdir=str(root))
 
 # %% ../nbs/03_tools.ipynb #09daaa34
-_FENCE_RE = re.compile(r"^\s*```[a-zA-Z0-9_+-]*\s*\n(.*?)\n?\s*```\s*$", re.S)
+_FENCE_LANG = frozenset(string.ascii_letters + string.digits + "_+-")
+
+
+def strip_fence(code: str) -> str:
+    "The code inside a Markdown fence (```python … ```) that wraps all of `code`; `code` itself when there is none."
+    # one pass, no regex: a lazy pattern with `\s*` before the closing fence is quadratic in a run of spaces, and the
+    # code is whatever the policy wrote
+    s = code.strip()
+    if len(s) < 7 or not (s.startswith("```") and s.endswith("```")):
+        return code
+    i, close = 3, len(s) - 3
+    while i < close and s[i] in _FENCE_LANG:  # the language tag
+        i += 1
+    body = s[i:close]
+    j = i + len(body) - len(body.lstrip())  # the whitespace after the tag
+    nl = s.rfind("\n", i, j)  # the code starts after the last line break that follows the tag
+    return s[nl + 1:close].rstrip() if nl >= 0 else code
 
 
 def _diagnose(r: SandboxResult, timeout: float, memory_mb: int) -> str | None:
@@ -1044,9 +1078,7 @@ class PythonTool(BaseTool):
                                                   max_output_chars=max_output_chars, **sandbox_kwargs)
 
     def execute(self, code: str) -> ToolResult:
-        m = _FENCE_RE.match(code)
-        if m:
-            code = m.group(1)
+        code = strip_fence(code)
         r = self.runner(code)
         problem = _diagnose(r, self.timeout, self.memory_mb)
         parts = [r.stdout.rstrip("\n")] if r.stdout.strip() else []
