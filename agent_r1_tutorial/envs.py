@@ -27,10 +27,13 @@ class Action:
     "One model response."
     text: str  # the decoded response
     token_ids: list[int] | None = None  # the sampled ids, when the caller has them (kept for the trainer)
+    stop_reason: str = "stop"  # "stop": the model ended its turn; "length": the turn's token budget cut it off
 
     def __post_init__(self):
         if not isinstance(self.text, str):
             raise TypeError(f"Action.text must be a str, got {type(self.text).__name__}")
+        if self.stop_reason not in ("stop", "length"):
+            raise ValueError(f"Action.stop_reason must be 'stop' or 'length', got {self.stop_reason!r}")
         if self.token_ids is not None and not all(isinstance(t, int) for t in self.token_ids):
             raise TypeError("Action.token_ids must be a list of ints or None")
 
@@ -58,7 +61,7 @@ def _copy(messages: list[dict]) -> list[dict]:
     return [dict(m) for m in messages]
 
 # %% ../nbs/05_envs.ipynb #7bd12492
-_ENDS = ("answer", "no_tool_call", "max_turns", "max_tokens")
+_ENDS = ("answer", "no_tool_call", "max_new_tokens", "max_turns", "max_tokens")
 
 
 class AgentEnv:
@@ -367,6 +370,8 @@ class ToolEnv(AgentEnv):
         if parsed.answer is not None:
             terminated, reason = True, "answer"
             info["ignored_calls"] = len(parsed.calls)
+        elif not parsed.calls and not parsed.errors and action.stop_reason == "length":
+            truncated, reason = True, "max_new_tokens"  # cut off mid-turn: the model did not choose to stop
         elif not parsed.calls and not parsed.errors:
             terminated, reason = True, "no_tool_call"
         else:
@@ -396,7 +401,7 @@ class ToolEnv(AgentEnv):
         self.context = context
         if self.max_tokens is not None or self.count_tokens is not approx_token_count:
             info["n_tokens"] = self.count_tokens(context)
-        if not terminated:
+        if not (terminated or truncated):
             if not self.budget.fits(context):
                 truncated, reason = True, "max_tokens"
             elif self.turn >= self.max_turns:

@@ -430,8 +430,9 @@ class AgentEnvLoop:
                                          max_new_tokens=budgets)
             gen_time += time.perf_counter() - t
             n_gen += sum(len(g.token_ids) for g in gens)
-            actions = [Action(self.tokenizer.decode(g.token_ids, skip_special_tokens=True), list(g.token_ids))
-                       for g in gens]
+            # a turn cut by its token budget says so: the environment truncates it instead of reading it as a stop
+            actions = [Action(self.tokenizer.decode(g.token_ids, skip_special_tokens=True), list(g.token_ids),
+                              stop_reason=g.stop_reason) for g in gens]
             t = time.perf_counter()
             results = step_envs([e.env for e in running], actions)
             env_time += time.perf_counter() - t

@@ -165,7 +165,10 @@ async def run_agent_episode(
         if not ids:
             raise RuntimeError(f"episode {rid}: the server returned no tokens (stop reason {out.stop_reason!r})")
         lps = [float(x) for x in out.log_probs[:len(ids)]] if out.log_probs else None
-        action = Action(tokenizer.decode(ids, skip_special_tokens=True), ids)
+        # the budget ran out before an end-of-turn token: the environment truncates such a turn (servers name their
+        # stop reasons differently, so it is read from the tokens)
+        cut = len(ids) >= room and ids[-1] != eos
+        action = Action(tokenizer.decode(ids, skip_special_tokens=True), ids, stop_reason="length" if cut else "stop")
         history = len(getattr(env, "history", []) or [])
         t = time.perf_counter()
         new_obs, reward, term, trunc, info = await env.astep(action)

@@ -207,6 +207,17 @@ def test_a_server_that_overshoots_max_tokens_is_cut_to_the_budget(tok):
     assert len(out["response_ids"]) == len(out["response_logprobs"]) == 30
 
 
+def test_a_turn_cut_by_the_budget_before_any_call_truncates(tok):
+    "Rambling past the response budget is a budget cut (truncated, max_new_tokens), not a choice to stop."
+    ramble = lambda ctx: "Let me think about the pencils step by step. " * 40
+    traj = play(scripted(tok, ramble), tok, calc_row(), budget=60)
+    assert (traj.num_steps, traj.terminated, traj.truncated, traj.reason) == (1, False, True, "max_new_tokens")
+    # the same words ending within the budget: the model stopped without acting
+    short = lambda ctx: "Let me think."
+    traj = play(scripted(tok, short), tok, calc_row(), budget=60)
+    assert (traj.terminated, traj.truncated, traj.reason) == (True, False, "no_tool_call")
+
+
 def test_turn_budgets(tok):
     always_call = lambda ctx: '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1 + 1"}}\n</tool_call>'
     traj = play(scripted(tok, always_call), tok, calc_row(max_turns=3), budget=2048)
