@@ -834,23 +834,48 @@ def drop_capabilities(libc):
         raise OSError(ctypes.get_errno(), "capset failed")
     return True
 
-def no_new_processes(libc):
-    machine = platform.machine()
+# system calls that no sandboxed code needs and that many kernel exploits start from, by architecture: namespaces
+# (unshare, setns, the old and new mount APIs, pivot_root), other processes' memory (ptrace, process_vm_readv/writev),
+# kernel programs and interfaces (bpf, perf_event_open, userfaultfd, io_uring, the keyring), kernel replacement
+# (kexec, modules) and personality changes; each is refused with EPERM
+DENIED = {
+    "x86_64": {"unshare": 272, "setns": 308, "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161,
+               "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "bpf": 321, "perf_event_open": 298,
+               "userfaultfd": 323, "keyctl": 250, "add_key": 248, "request_key": 249, "kexec_load": 246,
+               "kexec_file_load": 320, "init_module": 175, "finit_module": 313, "delete_module": 176,
+               "personality": 135},
+    "aarch64": {"unshare": 97, "setns": 268, "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51,
+                "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "bpf": 280, "perf_event_open": 241,
+                "userfaultfd": 282, "keyctl": 219, "add_key": 217, "request_key": 218, "kexec_load": 104,
+                "kexec_file_load": 294, "init_module": 105, "finit_module": 273, "delete_module": 106,
+                "personality": 92},
+}
+COMMON = {"io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428,
+          "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442}
+
+def seccomp_filter(libc, no_forks):
+    machine = {"arm64": "aarch64"}.get(platform.machine(), platform.machine())
     if machine == "x86_64":
-        arch, forks, clone = 0xC000003E, (57, 58), 56
-    elif machine in ("aarch64", "arm64"):
-        arch, forks, clone = 0xC00000B7, (), 220
+        arch, forks, clone, sock = 0xC000003E, (57, 58), 56, 41
+    elif machine == "aarch64":
+        arch, forks, clone, sock = 0xC00000B7, (), 220, 198
     else:
         return False
-    EAGAIN, ENOSYS, ALLOW, ERRNO = 11, 38, 0x7FFF0000, 0x00050000
+    EPERM, EAGAIN, ENOSYS, ALLOW, ERRNO = 1, 11, 38, 0x7FFF0000, 0x00050000
     LD, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06  # BPF: load word, jumps, return
     prog = [(LD, 0, 0, 4), (JEQ, 1, 0, arch), (RET, 0, 0, ERRNO | ENOSYS),  # a foreign ABI: refuse every call
             (LD, 0, 0, 0), (JGE, 0, 1, 0x40000000), (RET, 0, 0, ERRNO | ENOSYS)]  # x32 syscalls: refuse
-    for nr in forks:
-        prog += [(JEQ, 0, 1, nr), (RET, 0, 0, ERRNO | EAGAIN)]  # fork, vfork
-    prog += [(JEQ, 0, 1, 435), (RET, 0, 0, ERRNO | ENOSYS)]  # clone3: the C library falls back to clone
-    prog += [(JEQ, 0, 3, clone), (LD, 0, 0, 16), (JSET, 1, 0, 0x00010000),  # clone: flags has CLONE_THREAD?
-             (RET, 0, 0, ERRNO | EAGAIN), (RET, 0, 0, ALLOW)]
+    for nr in sorted({*DENIED[machine].values(), *COMMON.values()}):
+        prog += [(JEQ, 0, 1, nr), (RET, 0, 0, ERRNO | EPERM)]
+    # sockets: only AF_UNIX (1), the local kind multiprocessing uses; no TCP, UDP, raw or netlink socket
+    prog += [(JEQ, 0, 4, sock), (LD, 0, 0, 16), (JEQ, 0, 1, 1), (RET, 0, 0, ALLOW), (RET, 0, 0, ERRNO | EPERM)]
+    if no_forks:
+        for nr in forks:
+            prog += [(JEQ, 0, 1, nr), (RET, 0, 0, ERRNO | EAGAIN)]  # fork, vfork
+        prog += [(JEQ, 0, 1, 435), (RET, 0, 0, ERRNO | ENOSYS)]  # clone3: the C library falls back to clone
+        prog += [(JEQ, 0, 3, clone), (LD, 0, 0, 16), (JSET, 1, 0, 0x00010000),  # clone: flags has CLONE_THREAD?
+                 (RET, 0, 0, ERRNO | EAGAIN)]
+    prog += [(RET, 0, 0, ALLOW)]
     raw = b"".join(struct.pack("HBBI", *ins) for ins in prog)
     buf = ctypes.create_string_buffer(raw, len(raw))
     class SockFprog(ctypes.Structure):
@@ -871,8 +896,9 @@ try:
             readable |= {p for p in sys.path if p and os.path.exists(p)}
             readable.add(os.path.realpath("/proc/self"))
             applied["landlock"] = landlock(libc, cfg["write_paths"], sorted(readable))
-        if cfg["no_subprocesses"]:
-            applied["no_subprocesses"] = no_new_processes(libc)
+        if cfg["seccomp"]:
+            applied["seccomp"] = seccomp_filter(libc, cfg["no_subprocesses"])
+            applied["no_subprocesses"] = applied["seccomp"] and cfg["no_subprocesses"]
 except OSError as e:
     status.write(json.dumps({**applied, "setup_error": str(e)})); status.close()
     sys.exit(70)
@@ -981,6 +1007,7 @@ def run_sandboxed(
         "landlock": support["landlock_abi"] is not None,
         "write_paths": [str(work), "/dev/null"],
         "read_paths": [*_DEFAULT_READ_PATHS, *map(str, read_paths)],
+        "seccomp": support["seccomp"],
         "no_subprocesses": (not allow_subprocesses) and support["seccomp"],
     }
     # a minimal environment: nothing of the parent's (API keys, tokens) reaches the code
