@@ -17,9 +17,9 @@ from agent_r1_tutorial.tools import (
 )
 
 # %% auto #0
-__all__ = ['Action', 'Observation', 'AgentEnv', 'register_env', 'make_env', 'list_envs', 'step_envs', 'approx_token_count',
-           'chat_token_counter', 'ContextBudget', 'ContextPolicy', 'FullHistory', 'TrimToolOutputs', 'Summarize',
-           'ToolEnv', 'Transcript']
+__all__ = ['Action', 'Observation', 'AgentEnv', 'register_env', 'make_env', 'list_envs', 'EnvStepError', 'step_envs',
+           'approx_token_count', 'chat_token_counter', 'ContextBudget', 'ContextPolicy', 'FullHistory',
+           'TrimToolOutputs', 'Summarize', 'ToolEnv', 'Transcript']
 
 # %% ../nbs/05_envs.ipynb #207183e7
 @dataclass
@@ -167,17 +167,32 @@ def list_envs() -> list[str]:
     return _ENVS.names()
 
 
+class EnvStepError(RuntimeError):
+    "An environment of a batch raised in `step`: which one (`index`), and what it raised (the `__cause__`)."
+
+    def __init__(self, index: int, env: AgentEnv, exc: BaseException):
+        self.index = index
+        super().__init__(f"environment {index} of the batch ({type(env).__name__}) raised "
+                         f"{type(exc).__name__} in step: {exc}")
+
+
 def step_envs(
     envs: Sequence[AgentEnv],  # a batch of environments, each mid-episode
     actions: Sequence[Action | str],  # one action per environment
 ) -> list[tuple[Observation, float, bool, bool, dict]]:  # one step result per environment
-    "Step a batch of environments concurrently (their tool calls overlap)."
+    "Step a batch of environments concurrently (their tool calls overlap); an environment that raises is named."
     if len(envs) != len(actions):
         raise ValueError(f"got {len(envs)} environments but {len(actions)} actions")
 
-    async def go():
-        return await asyncio.gather(*(e.astep(a) for e, a in zip(envs, actions)))
-    return list(_run_sync(go()))
+    async def go():  # every step finishes (or fails) before one failure is reported: none is left half-done
+        return await asyncio.gather(*(e.astep(a) for e, a in zip(envs, actions)), return_exceptions=True)
+    out = list(_run_sync(go()))
+    for i, r in enumerate(out):
+        if isinstance(r, Exception):
+            raise EnvStepError(i, envs[i], r) from r
+        if isinstance(r, BaseException):  # KeyboardInterrupt, cancellation: not the environment's fault
+            raise r
+    return out
 
 # %% ../nbs/05_envs.ipynb #2a73d92e
 def approx_token_count(
@@ -391,7 +406,15 @@ class ToolEnv(AgentEnv):
                         n_invalid_calls=sum(not r.ok for r in results), tool_rewards=rewards, tool_results=results)
         if terminated:
             if self.reward_fn is not None:
-                info["outcome_reward"] = float(self.reward_fn(parsed.answer, self.task))
+                outcome = self.reward_fn(parsed.answer, self.task)
+                try:
+                    value = float(outcome)
+                except (TypeError, ValueError):
+                    value = math.nan
+                if not math.isfinite(value):  # caught here, it names the reward function, not a NaN loss later
+                    raise ValueError(f"reward_fn returned {outcome!r} for the answer {str(parsed.answer)[:80]!r}: "
+                                     "an outcome reward must be a finite number")
+                info["outcome_reward"] = value
                 reward += info["outcome_reward"]
             context = self.context + new
         else:

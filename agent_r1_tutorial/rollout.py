@@ -15,7 +15,7 @@ from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from .envs import Action, AgentEnv, Observation, step_envs
+from .envs import Action, AgentEnv, EnvStepError, Observation, step_envs
 from .masks import collate, env_suffix, growing_layout, initial_prompt_ids, step_layout
 from .mdp import Step, Trajectory
 
@@ -434,7 +434,11 @@ class AgentEnvLoop:
             actions = [Action(self.tokenizer.decode(g.token_ids, skip_special_tokens=True), list(g.token_ids),
                               stop_reason=g.stop_reason) for g in gens]
             t = time.perf_counter()
-            results = step_envs([e.env for e in running], actions)
+            try:
+                results = step_envs([e.env for e in running], actions)
+            except EnvStepError as err:  # name the episode too: its uid says which task and group hit the bug
+                err.args = (f"episode {running[err.index].uid}: {err.args[0]}",)
+                raise
             env_time += time.perf_counter() - t
             for e, g, a, (obs, reward, term, trunc, info) in zip(running, gens, actions, results):
                 if not (term or trunc) and turn == self.max_turns - 1:

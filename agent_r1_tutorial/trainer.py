@@ -31,7 +31,7 @@ from .rollout import AgentEnvLoop, HFBackend, SamplingParams, to_batch
 
 # %% auto #0
 __all__ = ['ALGORITHMS', 'PROCESS_REWARDS', 'TrainerConfig', 'ValueModel', 'compute_values', 'NonFiniteError', 'check_finite',
-           'group_signal', 'episode_returns', 'Trainer', 'latest_checkpoint', 'TargetTokensEnv']
+           'group_signal', 'episode_returns', 'Trainer', 'roll_back_log', 'latest_checkpoint', 'TargetTokensEnv']
 
 # %% ../nbs/10_trainer.ipynb #1a45c647
 ALGORITHMS = {
@@ -615,7 +615,34 @@ def _load_checkpoint(self: Trainer, path: str | Path) -> int:
     if r["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(r["cuda"])
     self.global_step = state["step"]
+    if self.logger is not None:  # a run killed after its last checkpoint logged steps that will now run again
+        roll_back_log(self.logger.path, self.global_step)
     return self.global_step
+
+
+def roll_back_log(
+    path: str | Path,  # a `.jsonl` metrics log
+    step: int,  # the step a run resumes from
+) -> int:  # the number of lines moved
+    "Move the records of steps after `step` (and a torn last line) to `<name>.rolled_back.jsonl`, keeping the rest."
+    path = Path(path)
+    if not path.exists():
+        return 0
+    keep, later = [], []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            s = json.loads(line).get("step") if line.strip() else None
+        except (json.JSONDecodeError, AttributeError):
+            s = math.inf  # torn by the crash: not a record of the run that goes on
+        (later if s is not None and s > step else keep).append(line + "\n")
+    if later:  # nothing is deleted: the lines move to a file beside the log, and the log is cut in place, so that a
+        # logger holding it open (in append mode) goes on writing at its new end
+        with open(path.with_suffix(".rolled_back.jsonl"), "a", encoding="utf-8") as f:
+            f.writelines(later)
+        with open(path, "r+", encoding="utf-8") as f:
+            f.write("".join(keep))
+            f.truncate()
+    return len(later)
 
 
 def latest_checkpoint(
