@@ -340,7 +340,7 @@ def search_expert(
     think: bool = True,  # quote the sentence it read in <think>
     stop_early: float = 0.0,  # the share of two-hop questions it answers after one search, with the bridge entity
     salt: int = 0,  # which two-hop questions those are
-    plan: bool = False,  # open the first turn with the number of searches the question needs: <think>2 hops</think>
+    plan: bool = False,  # say the searches the question needs (<think>2 hops</think>) and count them in each quote
 ) -> str:
     "The scripted expert: the next response, given the rendered context so far."
     users = _CONTEXT_USER.findall(context)
@@ -361,6 +361,8 @@ def search_expert(
         if i + 1 == len(path):
             break
     done = bool(quote) and len(results) >= len(path)
+    if plan and quote:  # the count right before the decision to search again or answer: (1/2) means search again
+        quote += f" ({len(results)}/{len(parse_question(users[0])[1])})"
     head = f"<think>{quote}</think>\n" if think and quote else ""
     return intro + head + (f"<answer>{entity}</answer>" if done else search_call(entity))
 
@@ -464,7 +466,7 @@ class SpeedrunConfig:
     sft_two_hop_stop: float = 0.0  # of those, the share where it answers after one search (a flawed expert)
     rl_hops: tuple = (1, 2)  # the questions RL trains on
     think: bool = True  # the expert quotes the sentence it reads
-    plan: bool = False  # the expert opens with the number of searches the question needs (<think>2 hops</think>)
+    plan: bool = False  # the expert says the searches the question needs (<think>2 hops</think>) and counts them (1/2)
     vocab_size: int = 1024
     # --- model
     hidden_size: int = 128
