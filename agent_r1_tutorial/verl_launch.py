@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 import torch
 
 from .losses import AGG_MODES, POLICY_LOSSES
+from .trainer import ALGORITHMS as TRAINER_ALGORITHMS
 from .verl_bridge import (AGENT_NAME, EXTERNAL_MODULES_ENV, LAYOUTS, MODULE_NAME, REWARD_FUNCTION,
                                            _VALUE_ESTIMATORS, LocalServerManager, _import_verl, _our_name,
                                            register_with_verl, verl_name)
@@ -28,7 +29,7 @@ __all__ = ['ALGORITHMS', 'RECIPES', 'Recipe', 'VerlRunConfig', 'verl_overrides',
            'make_verl_agent_loop', 'verl_sampling_params', 'verl_postprocess', 'agent_loop_dry_run']
 
 # %% ../nbs/14_verl_launch.ipynb #fda06af4
-ALGORITHMS = ("ppo", "grpo", "reinforce_pp", "rloo", "steppo")
+ALGORITHMS = tuple(TRAINER_ALGORITHMS)  # the reference trainer's names: one algorithm, one name, at both scales
 
 
 @dataclass(frozen=True)

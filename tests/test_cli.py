@@ -127,3 +127,15 @@ def test_chat_tiny_names_a_folder_without_a_model(tmp_path):
     res = subprocess.run([sys.executable, "scripts/chat_tiny.py", str(tmp_path)], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
     assert res.returncode == 2 and "holds no model" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_the_algorithm_names_agree_across_the_scales():
+    "The command line lists its algorithms without importing torch (a fast --help); they must be the library's."
+    import importlib.util
+
+    from agent_r1_tutorial.trainer import ALGORITHMS
+    from agent_r1_tutorial.verl_launch import ALGORITHMS as VERL_ALGORITHMS, RECIPES
+    spec = importlib.util.spec_from_file_location("speedrun_cli", ROOT / "scripts" / "speedrun.py")
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    assert sorted(cli.ALGORITHMS) == sorted(ALGORITHMS) == sorted(VERL_ALGORITHMS) == sorted(RECIPES)
