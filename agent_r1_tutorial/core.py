@@ -23,7 +23,7 @@ import torch
 
 # %% auto #0
 __all__ = ['DEFAULT_PACKAGES', 'seed_everything', 'get_device', 'MetricsLogger', 'read_jsonl', 'ema', 'env_report',
-           'env_report_md', 'in_test']
+           'env_report_md', 'Registry', 'in_test']
 
 # %% ../nbs/00_core.ipynb #b3bc63f2
 def seed_everything(
@@ -213,6 +213,61 @@ def env_report_md(
             ("Commit", r["commit"] or "unknown")]
     rows += [(name, v) for name, v in r["packages"].items() if v is not None]
     return "\n".join(["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows])
+
+# %% ../nbs/00_core.ipynb #f6458b95
+def _qualname(obj) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+
+
+def _same_definition(a, b) -> bool:
+    "The same class defined again: a re-run cell, or a notebook's copy (`__main__`) of a library class."
+    if getattr(a, "__qualname__", None) != getattr(b, "__qualname__", None):
+        return False
+    mods = (getattr(a, "__module__", None), getattr(b, "__module__", None))
+    return mods[0] == mods[1] or "__main__" in mods
+
+
+class Registry:
+    "A table from names to classes (or factories), so that configs and dataset rows can name what they need."
+
+    def __init__(
+        self,
+        kind: str,  # what is registered ("tool", "format", "environment"): used in error messages
+    ):
+        self.kind, self._items = kind, {}
+
+    def register(self, obj=None, *, name: str | None = None):
+        "Register `obj` under `name` (default: its `name` attribute); usable as `@reg.register` or `@reg.register(name=...)`."
+        def deco(obj):
+            key = name if name is not None else (getattr(obj, "name", None) or getattr(obj, "__name__", None))
+            if not isinstance(key, str) or not key:
+                raise ValueError(f"a {self.kind} needs a non-empty string name, got {key!r}")
+            old = self._items.get(key)
+            if old is not None and old is not obj and not _same_definition(old, obj):
+                raise ValueError(f"{self.kind} name {key!r} is already registered to {_qualname(old)}")
+            self._items[key] = obj
+            return obj
+        return deco if obj is None else deco(obj)
+
+    def get(self, name: str):
+        "The object registered under `name`; the error lists what is registered."
+        if name not in self._items:
+            known = ", ".join(sorted(self._items)) or "none"
+            raise ValueError(f"unknown {self.kind} {name!r}; registered {self.kind}s: {known}")
+        return self._items[name]
+
+    def create(self, name: str, **kwargs):
+        "Instantiate the class registered under `name` with `kwargs`."
+        return self.get(name)(**kwargs)
+
+    def names(self) -> list[str]:
+        return sorted(self._items)
+
+    def __contains__(self, name) -> bool:
+        return name in self._items
+
+    def __repr__(self):
+        return f"Registry({self.kind!r}: {', '.join(self.names())})"
 
 # %% ../nbs/00_core.ipynb #04203edc
 def in_test() -> bool:

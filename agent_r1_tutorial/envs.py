@@ -12,8 +12,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from .core import Registry
 from agent_r1_tutorial.tools import (
-    BaseTool, Registry, ToolCall, ToolFormat, ToolResult, _run_sync, arun_tool_calls, get_format, resolve_tools,
+    BaseTool, ToolCall, ToolFormat, ToolResult, _run_sync, arun_tool_calls, get_format, resolve_tools,
 )
 
 # %% auto #0

@@ -29,12 +29,14 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
 
 import jsonschema
 
+from .core import Registry  # the names-to-classes table tools and formats register in (chapter 00)
+
 # %% auto #0
-__all__ = ['ToolCall', 'ToolResult', 'Registry', 'BaseTool', 'register_tool', 'get_tool', 'list_tools', 'truncate_text',
-           'resolve_tools', 'arun_tool_calls', 'run_tool_calls', 'run_tool_calls_batch', 'CalculatorError', 'safe_eval',
-           'format_number', 'CalculatorTool', 'ParsedResponse', 'tag_blocks', 'ToolFormat', 'register_format',
-           'get_format', 'list_formats', 'HermesFormat', 'SearchR1Format', 'SandboxResult', 'sandbox_support',
-           'run_sandboxed', 'strip_fence', 'PythonTool']
+__all__ = ['ToolCall', 'ToolResult', 'BaseTool', 'register_tool', 'get_tool', 'list_tools', 'truncate_text', 'resolve_tools',
+           'arun_tool_calls', 'run_tool_calls', 'run_tool_calls_batch', 'CalculatorError', 'safe_eval', 'format_number',
+           'CalculatorTool', 'ParsedResponse', 'tag_blocks', 'ToolFormat', 'register_format', 'get_format',
+           'list_formats', 'HermesFormat', 'SearchR1Format', 'SandboxResult', 'sandbox_support', 'run_sandboxed',
+           'strip_fence', 'PythonTool']
 
 # %% ../nbs/03_tools.ipynb #672f6fc5
 @dataclass
@@ -73,61 +75,6 @@ class ToolResult:
         "A failed call: the text starts with 'Error:' and `info['error']` names the kind of failure."
         text = message if message.startswith("Error") else f"Error: {message}"
         return cls(text=text, ok=False, info={"error": kind, **info})
-
-# %% ../nbs/03_tools.ipynb #f6458b95
-def _qualname(obj) -> str:
-    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
-
-
-def _same_definition(a, b) -> bool:
-    "The same class defined again: a re-run cell, or a notebook's copy (`__main__`) of a library class."
-    if getattr(a, "__qualname__", None) != getattr(b, "__qualname__", None):
-        return False
-    mods = (getattr(a, "__module__", None), getattr(b, "__module__", None))
-    return mods[0] == mods[1] or "__main__" in mods
-
-
-class Registry:
-    "A table from names to classes (or factories), so that configs and dataset rows can name what they need."
-
-    def __init__(
-        self,
-        kind: str,  # what is registered ("tool", "format", "environment"): used in error messages
-    ):
-        self.kind, self._items = kind, {}
-
-    def register(self, obj=None, *, name: str | None = None):
-        "Register `obj` under `name` (default: its `name` attribute); usable as `@reg.register` or `@reg.register(name=...)`."
-        def deco(obj):
-            key = name if name is not None else (getattr(obj, "name", None) or getattr(obj, "__name__", None))
-            if not isinstance(key, str) or not key:
-                raise ValueError(f"a {self.kind} needs a non-empty string name, got {key!r}")
-            old = self._items.get(key)
-            if old is not None and old is not obj and not _same_definition(old, obj):
-                raise ValueError(f"{self.kind} name {key!r} is already registered to {_qualname(old)}")
-            self._items[key] = obj
-            return obj
-        return deco if obj is None else deco(obj)
-
-    def get(self, name: str):
-        "The object registered under `name`; the error lists what is registered."
-        if name not in self._items:
-            known = ", ".join(sorted(self._items)) or "none"
-            raise ValueError(f"unknown {self.kind} {name!r}; registered {self.kind}s: {known}")
-        return self._items[name]
-
-    def create(self, name: str, **kwargs):
-        "Instantiate the class registered under `name` with `kwargs`."
-        return self.get(name)(**kwargs)
-
-    def names(self) -> list[str]:
-        return sorted(self._items)
-
-    def __contains__(self, name) -> bool:
-        return name in self._items
-
-    def __repr__(self):
-        return f"Registry({self.kind!r}: {', '.join(self.names())})"
 
 # %% ../nbs/03_tools.ipynb #bd7b5c6d
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what the OpenAI function-calling API accepts as a name
