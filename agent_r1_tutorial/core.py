@@ -233,12 +233,15 @@ class Registry:
     def __init__(
         self,
         kind: str,  # what is registered ("tool", "format", "environment"): used in error messages
+        base: type | None = None,  # accept only subclasses of this (None: anything)
     ):
-        self.kind, self._items = kind, {}
+        self.kind, self.base, self._items = kind, base, {}
 
     def register(self, obj=None, *, name: str | None = None):
         "Register `obj` under `name` (default: its `name` attribute); usable as `@reg.register` or `@reg.register(name=...)`."
         def deco(obj):
+            if self.base is not None and not (isinstance(obj, type) and issubclass(obj, self.base)):
+                raise TypeError(f"the {self.kind} registry takes {self.base.__name__} subclasses, got {obj!r}")
             key = name if name is not None else (getattr(obj, "name", None) or getattr(obj, "__name__", None))
             if not isinstance(key, str) or not key:
                 raise ValueError(f"a {self.kind} needs a non-empty string name, got {key!r}")

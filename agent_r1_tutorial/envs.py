@@ -139,7 +139,7 @@ class AgentEnv:
         return self._done
 
 
-_ENVS = Registry("environment")
+_ENVS = Registry("environment", base=AgentEnv)
 
 
 def register_env(
@@ -148,11 +148,7 @@ def register_env(
     name: str | None = None,  # register under this name (default: the class's `name` attribute)
 ):
     "Class decorator: make an `AgentEnv` available to `make_env` by name."
-    def deco(cls):
-        if not (isinstance(cls, type) and issubclass(cls, AgentEnv)):
-            raise TypeError(f"register_env expects an AgentEnv subclass, got {cls!r}")
-        return _ENVS.register(cls, name=getattr(cls, "name", None) if name is None else name)
-    return deco if cls is None else deco(cls)
+    return _ENVS.register(cls, name=name)
 
 
 def make_env(

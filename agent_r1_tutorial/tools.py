@@ -167,7 +167,7 @@ def _check_parameters(schema: Any, owner: str):
             raise ValueError(f"{owner}.parameters: property {k!r} needs a \"type\" (chat templates and verl show it)")
 
 
-_TOOLS = Registry("tool")
+_TOOLS = Registry("tool", base=BaseTool)
 
 
 def register_tool(
@@ -176,11 +176,7 @@ def register_tool(
     name: str | None = None,  # register under this name instead of `cls.name`
 ):
     "Class decorator: make a `BaseTool` subclass available to `get_tool` by name."
-    def deco(cls):
-        if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
-            raise TypeError(f"register_tool expects a BaseTool subclass, got {cls!r}")
-        return _TOOLS.register(cls, name=cls.name if name is None else name)
-    return deco if cls is None else deco(cls)
+    return _TOOLS.register(cls, name=name)
 
 
 def get_tool(
@@ -572,7 +568,7 @@ class ToolFormat:
         return f"{type(self).__name__}()"
 
 
-_FORMATS = Registry("format")
+_FORMATS = Registry("format", base=ToolFormat)
 
 
 def register_format(
@@ -581,11 +577,7 @@ def register_format(
     name: str | None = None,  # register under this name instead of `cls.name`
 ):
     "Class decorator: make a `ToolFormat` available to `get_format` by name."
-    def deco(cls):
-        if not (isinstance(cls, type) and issubclass(cls, ToolFormat)):
-            raise TypeError(f"register_format expects a ToolFormat subclass, got {cls!r}")
-        return _FORMATS.register(cls, name=cls.name if name is None else name)
-    return deco if cls is None else deco(cls)
+    return _FORMATS.register(cls, name=name)
 
 
 def get_format(
