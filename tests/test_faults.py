@@ -18,23 +18,13 @@ import torch
 
 from agent_r1_tutorial.core import read_jsonl
 from agent_r1_tutorial.envs import EnvStepError, ToolEnv
-from agent_r1_tutorial.tinylm import build_tiny_lm, tiny_qwen2
+from agent_r1_tutorial.tinylm import tiny_qwen2
 from agent_r1_tutorial.tools import BaseTool, HermesFormat, ParsedResponse, ToolCall, ToolResult
 from agent_r1_tutorial.trainer import TargetTokensEnv, Trainer, TrainerConfig, latest_checkpoint
+from test_trainer import digits, tok  # noqa: F401  the trainer tests' fixtures: the tiny tokenizer and its digit ids
 
 TASKS = [{"question": q} for q in ["say numbers", "count", "digits"]]
 SMALL = dict(prompts_per_step=2, group_size=2, max_new_tokens=8, lr=3e-3, mini_batch_size=4, micro_batch_size=2)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    torch.set_num_threads(1)
-    return build_tiny_lm(seed=0)[0]
-
-
-@pytest.fixture(scope="module")
-def digits(tok):
-    return [i for t, i in tok.get_vocab().items() if any(ch.isdigit() for ch in t)]
 
 
 def trainer(tok, make_env, out_dir=None, algorithm="grpo", **kw):
