@@ -68,7 +68,7 @@ class AlwaysCalls(HermesFormat):
 
 @pytest.mark.parametrize("mode, says", [("raise", "tool 'faulty' failed: RuntimeError: disk on fire"),
                                         ("hang", "tool 'faulty' did not finish within 0.3 s"),
-                                        ("flood", "x")])
+                                        ("flood", "x" * 200)])  # the reply's text, cut (not an error)
 def test_a_faulty_tool_becomes_an_observation_and_training_goes_on(tok, tmp_path, mode, says):
     make_env = lambda task: ToolEnv([FaultyTool(mode)], tool_format=AlwaysCalls(), max_turns=2, tool_timeout=0.3,
                                     max_tool_response_chars=500, reward_fn=lambda answer, task: 0.0)
