@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 import torch
+from fastcore.basics import patch
 from torch import nn
 
 from .advantages import get_adv_estimator
@@ -31,7 +32,7 @@ from .rollout import AgentEnvLoop, HFBackend, SamplingParams, to_batch
 
 # %% auto #0
 __all__ = ['ALGORITHMS', 'PROCESS_REWARDS', 'TrainerConfig', 'ValueModel', 'compute_values', 'NonFiniteError', 'check_finite',
-           'group_signal', 'episode_returns', 'Trainer', 'roll_back_log', 'latest_checkpoint', 'TargetTokensEnv']
+           'TargetTokensEnv', 'Trainer', 'group_signal', 'episode_returns', 'roll_back_log', 'latest_checkpoint']
 
 # %% ../nbs/10_trainer.ipynb #1a45c647
 ALGORITHMS = {
@@ -201,61 +202,32 @@ def check_finite(
         raise NonFiniteError(f"step {step}: {name} has {int(bad.sum())} non-finite value(s) "
                              f"(first at index {tuple(torch.nonzero(bad)[0].tolist())}); no update was made")
 
-# %% ../nbs/10_trainer.ipynb #c968096c
-def _rows_of(batch: dict, idx: torch.Tensor) -> dict:
-    "The rows `idx` of a collated batch (tensors indexed, lists picked)."
-    out = {}
-    for k, v in batch.items():
-        if torch.is_tensor(v) and v.dim() >= 1 and v.shape[0] == len(batch["input_ids"]):
-            out[k] = v[idx]
-        elif isinstance(v, list) and len(v) == len(batch["input_ids"]):
-            out[k] = [v[i] for i in idx.tolist()]
-        else:
-            out[k] = v
-    return out
+# %% ../nbs/10_trainer.ipynb #621242bc
+class TargetTokensEnv(AgentEnv):
+    "Toy task: each turn scores the fraction of the response's tokens that are in a target set; the outcome is their mean."
+    name = "target_tokens"
 
+    def __init__(self, target_ids: Sequence[int], turns: int = 2, eos_id: int | None = None):
+        super().__init__()
+        if not target_ids:
+            raise ValueError("target_ids is empty")
+        self.target, self.turns, self.eos = set(int(t) for t in target_ids), turns, eos_id
 
-def _episode_stats(trajs) -> dict:
-    "What the episodes did: outcome, turns, tool calls, lengths, why they ended."
-    n = len(trajs)
-    reasons = {}
-    for t in trajs:
-        reasons[t.reason] = reasons.get(t.reason, 0) + 1
-    calls = [sum(int(s.info.get("n_calls", 0) or 0) for s in t.steps) for t in trajs]
-    return {
-        "reward/outcome_mean": sum(t.outcome_reward for t in trajs) / n,
-        "reward/process_mean": sum(sum(s.reward for s in t.steps) for t in trajs) / n,
-        "episode/turns_mean": sum(t.num_steps for t in trajs) / n,
-        "episode/tool_calls_mean": sum(calls) / n,
-        "episode/policy_tokens_mean": sum(t.num_policy_tokens for t in trajs) / n,
-        **{f"episode/end_{r}": c / n for r, c in sorted(reasons.items())},
-    }
+    def _reset(self, question: str = "say numbers", **task) -> Observation:
+        self.messages, self.scores = [{"role": "user", "content": question}], []
+        return Observation(list(self.messages))
 
+    def _step(self, action: Action):
+        ids = [t for t in (action.token_ids or []) if t != self.eos] or [-1]
+        self.scores.append(sum(t in self.target for t in ids) / len(ids))
+        self.messages = self.messages + [{"role": "assistant", "content": action.text}]
+        if len(self.scores) >= self.turns:
+            outcome = sum(self.scores) / len(self.scores)
+            return Observation(list(self.messages)), outcome, True, False, {"reason": "done", "outcome_reward": outcome}
+        self.messages = self.messages + [{"role": "user", "content": "more"}]
+        return Observation(list(self.messages)), 0.0, False, False, {"reason": None}
 
-def group_signal(
-    returns: Sequence[float],  # each episode's return (the sum of the scores the estimator sees)
-    groups: Sequence[str],  # each episode's group id
-) -> dict:
-    "How many groups can teach: a group whose episodes all earn the same return has zero GRPO/RLOO advantage."
-    if len(returns) != len(groups):
-        raise ValueError(f"one group id per return: got {len(returns)} returns and {len(groups)} group ids")
-    if not len(returns):
-        raise ValueError("no episodes: there are no groups to measure")
-    by_group = {}
-    for r, g in zip(returns, groups):
-        by_group.setdefault(g, []).append(float(r))
-    spread = [max(r) - min(r) > 1e-9 for r in by_group.values()]
-    return {"groups/with_variance": sum(spread) / len(spread), "groups/count": len(spread)}
-
-
-def episode_returns(scores: torch.Tensor, batch: dict) -> tuple[list[float], list[str]]:
-    "Each trajectory's return (its rows' scores summed) and group id, from a step's rows."
-    out = {}
-    for s, uid, g in zip(scores.sum(-1).tolist(), batch["trajectory_uid"], batch["group"]):
-        out[uid] = (out[uid][0] + s, g) if uid in out else (s, g)
-    return [r for r, _ in out.values()], [g for _, g in out.values()]
-
-
+# %% ../nbs/10_trainer.ipynb #d5be2759
 class Trainer:
     "Single-process RL for agents: rollout, advantages, clipped updates, checkpoints."
 
@@ -312,243 +284,330 @@ class Trainer:
             from torch.utils.tensorboard import SummaryWriter  # optional: needs the tensorboard package
             self.tb = SummaryWriter(str(Path(config.out_dir) / "tensorboard"))
 
-    # ---- 1. rollout
-    def rollout(self, tasks: Sequence[dict], group_size: int, greedy: bool = False, tag: str = "s") -> list:
-        "Play `group_size` episodes of each task with the current policy; return the trajectories."
-        envs, flat, uids, groups = [], [], [], []
-        for i, task in enumerate(tasks):
-            for j in range(group_size):
-                envs.append(self.make_env(task))
-                flat.append(task)
-                uids.append(f"{tag}{self.global_step}-p{i}-k{j}")
-                groups.append(f"{tag}{self.global_step}-p{i}")
-        params = SamplingParams(self.params.temperature, self.params.max_new_tokens, self.params.stop_token_ids,
-                                greedy=greedy)
-        backend = HFBackend(self.policy, self.tokenizer.pad_token_id, generator=self.sample_gen,
-                            fast_decode=self.config.fast_decode, sampler=self.sampler,
-                            share_prompts=self.config.fast_decode)
-        loop = AgentEnvLoop(backend, self.tokenizer, params, self.config.max_context, self.config.max_turns)
-        trajs = loop.run(envs, flat, uids, groups)
-        self.last_rollout_metrics = {**loop.metrics, "prefill_s": backend.stats["prefill_s"],
-                                     "decode_s": backend.stats["decode_s"]}
-        return trajs
 
-    # ---- 2. scores
-    def _scores(self, batch: dict, trajs) -> torch.Tensor:
-        "token_level_scores: outcome on the last policy token, plus process rewards as configured."
-        scores = batch["token_level_rewards"].to(self.device)
-        if self.config.process_rewards == "raw":
-            return scores
-        # split the layout's rewards into outcome (on the row's last policy token) and process parts
-        mask = batch["response_mask"].to(self.device)
-        last = mask.shape[1] - 1 - mask.flip(-1).argmax(-1)
-        outcome = torch.zeros_like(scores)
-        is_last = batch.get("is_last")
-        by_uid = {t.uid: t.outcome_reward for t in trajs}
-        uids = batch["trajectory_uid"]
-        for i in range(len(uids)):
-            if mask[i].any() and (is_last is None or bool(is_last[i])):
-                outcome[i, last[i]] = by_uid[uids[i]]
-        process = scores - outcome
-        if self.config.process_rewards == "off":
-            return outcome
-        return combine_process_outcome(outcome, process, self.config.process_reward_weight, normalize=True)
+# %% ../nbs/10_trainer.ipynb #8029be11
+@patch
+def rollout(self: Trainer, tasks: Sequence[dict], group_size: int, greedy: bool = False, tag: str = "s") -> list:
+    "Play `group_size` episodes of each task with the current policy; return the trajectories."
+    envs, flat, uids, groups = [], [], [], []
+    for i, task in enumerate(tasks):
+        for j in range(group_size):
+            envs.append(self.make_env(task))
+            flat.append(task)
+            uids.append(f"{tag}{self.global_step}-p{i}-k{j}")
+            groups.append(f"{tag}{self.global_step}-p{i}")
+    params = SamplingParams(self.params.temperature, self.params.max_new_tokens, self.params.stop_token_ids,
+                            greedy=greedy)
+    backend = HFBackend(self.policy, self.tokenizer.pad_token_id, generator=self.sample_gen,
+                        fast_decode=self.config.fast_decode, sampler=self.sampler,
+                        share_prompts=self.config.fast_decode)
+    loop = AgentEnvLoop(backend, self.tokenizer, params, self.config.max_context, self.config.max_turns)
+    trajs = loop.run(envs, flat, uids, groups)
+    self.last_rollout_metrics = {**loop.metrics, "prefill_s": backend.stats["prefill_s"],
+                                 "decode_s": backend.stats["decode_s"]}
+    return trajs
 
-    # ---- 3. log-probs and values (no gradient)
-    @torch.no_grad()
-    def _forward_all(self, model_fn, batch: dict, R: int) -> torch.Tensor:
-        outs = []
-        for s in range(0, len(batch["input_ids"]), self.config.micro_batch_size):
-            sl = slice(s, s + self.config.micro_batch_size)
-            outs.append(model_fn(batch["input_ids"][sl], batch["attention_mask"][sl], batch["position_ids"][sl], R))
-        return torch.cat(outs)
+# %% ../nbs/10_trainer.ipynb #71f60766
+@patch
+def _scores(self: Trainer, batch: dict, trajs) -> torch.Tensor:
+    "token_level_scores: outcome on the last policy token, plus process rewards as configured."
+    scores = batch["token_level_rewards"].to(self.device)
+    if self.config.process_rewards == "raw":
+        return scores
+    # split the layout's rewards into outcome (on the row's last policy token) and process parts
+    mask = batch["response_mask"].to(self.device)
+    last = mask.shape[1] - 1 - mask.flip(-1).argmax(-1)
+    outcome = torch.zeros_like(scores)
+    is_last = batch.get("is_last")
+    by_uid = {t.uid: t.outcome_reward for t in trajs}
+    uids = batch["trajectory_uid"]
+    for i in range(len(uids)):
+        if mask[i].any() and (is_last is None or bool(is_last[i])):
+            outcome[i, last[i]] = by_uid[uids[i]]
+    process = scores - outcome
+    if self.config.process_rewards == "off":
+        return outcome
+    return combine_process_outcome(outcome, process, self.config.process_reward_weight, normalize=True)
 
-    def _log_probs(self, model, batch, R):
-        was = model.training
-        model.eval()
-        try:
-            return self._forward_all(lambda i, a, p, r: compute_log_probs(model, i, a, p, r, self.params.temperature),
-                                     batch, R)
-        finally:
-            model.train(was)
+# %% ../nbs/10_trainer.ipynb #4d3617bb
+@patch
+@torch.no_grad()
+def _forward_all(self: Trainer, model_fn, batch: dict, R: int) -> torch.Tensor:
+    "`model_fn` over the batch in micro-batches, without gradient: memory is set by `micro_batch_size`."
+    outs = []
+    for s in range(0, len(batch["input_ids"]), self.config.micro_batch_size):
+        sl = slice(s, s + self.config.micro_batch_size)
+        outs.append(model_fn(batch["input_ids"][sl], batch["attention_mask"][sl], batch["position_ids"][sl], R))
+    return torch.cat(outs)
 
-    # ---- 4. advantages
-    def _advantages(self, batch, scores, values):
-        c = self.config
-        fn = get_adv_estimator(c.estimator)
-        kw = dict(token_level_rewards=scores, response_mask=batch["response_mask"], gamma=c.gamma, lam=c.lam)
-        if c.estimator in ("grpo", "rloo", "drgrpo"):
-            kw["index"] = np.array(batch["group"], dtype=object)
-            kw["norm_adv_by_std_in_grpo"] = c.norm_adv_by_std_in_grpo
-        if c.estimator == "gae":
-            kw["values"] = values
-        if c.estimator == "step_gae":
-            kw.update(values=values, trajectory_uids=np.array(batch["trajectory_uid"], dtype=object),
-                      step_indices=batch["step_index"].cpu().numpy())
-        return fn(**kw)
+@patch
+def _log_probs(self: Trainer, model, batch, R):
+    "Per-token log-probs of the responses under `model` (the policy or the reference), in eval mode."
+    was = model.training
+    model.eval()
+    try:
+        return self._forward_all(lambda i, a, p, r: compute_log_probs(model, i, a, p, r, self.params.temperature),
+                                 batch, R)
+    finally:
+        model.train(was)
 
-    # ---- 5. updates
-    def _policy_loss(self, mb, R):
-        c = self.config
-        out = compute_log_probs(self.policy, mb["input_ids"], mb["attention_mask"], mb["position_ids"], R,
-                                self.params.temperature, return_entropy=c.entropy_coef > 0)
-        log_prob, entropy = out if c.entropy_coef > 0 else (out, None)
-        mask = mb["response_mask"]
-        loss, metrics = get_policy_loss(c.policy_loss)(
-            mb["old_log_probs"], log_prob, mb["advantages"], mask, c.loss_agg_mode,
-            {"clip_ratio_low": c.clip_ratio_low, "clip_ratio_high": c.clip_ratio_high, "clip_ratio_c": c.clip_ratio_c})
-        metrics = {k: v for k, v in metrics.items()}
-        metrics["actor/pg_loss"] = loss.item()
-        if entropy is not None:
-            ent = agg_loss(entropy, mask, c.loss_agg_mode)
-            loss = loss - c.entropy_coef * ent
-            metrics["actor/entropy"] = ent.item()
-        if self.reference is not None and not c.use_kl_in_reward:
-            kl = compute_kl_loss(log_prob, mb["ref_log_probs"], mask, c.kl_type, c.loss_agg_mode)
-            loss = loss + c.kl_coef * kl
-            metrics["actor/kl_loss"] = kl.item()
-        return loss, metrics
+# %% ../nbs/10_trainer.ipynb #8056a5d4
+@patch
+def _advantages(self: Trainer, batch, scores, values):
+    "(advantages, returns) from the estimator the algorithm names, with verl's calling convention; both checked finite."
+    c = self.config
+    check_finite("token_level_rewards", scores, self.global_step, batch["response_mask"])
+    fn = get_adv_estimator(c.estimator)
+    kw = dict(token_level_rewards=scores, response_mask=batch["response_mask"], gamma=c.gamma, lam=c.lam)
+    if c.estimator in ("grpo", "rloo", "drgrpo"):
+        kw["index"] = np.array(batch["group"], dtype=object)
+        kw["norm_adv_by_std_in_grpo"] = c.norm_adv_by_std_in_grpo
+    if c.estimator == "gae":
+        kw["values"] = values
+    if c.estimator == "step_gae":
+        kw.update(values=values, trajectory_uids=np.array(batch["trajectory_uid"], dtype=object),
+                  step_indices=batch["step_index"].cpu().numpy())
+    advantages, returns = fn(**kw)
+    check_finite("advantages", advantages, self.global_step, batch["response_mask"])
+    return advantages, returns
 
-    def _update(self, batch, R, minibatches: int) -> dict:
-        "ppo_epochs passes of `minibatches` near-equal minibatch updates, with gradient accumulation."
-        c, n = self.config, len(batch["input_ids"])
-        sums, counts = {}, {}
-        def add(d):
-            for k, v in d.items():
-                sums[k] = sums.get(k, 0.0) + float(v)
-                counts[k] = counts.get(k, 0) + 1
-        self.policy.train()
-        for epoch in range(c.ppo_epochs):
-            order = torch.randperm(n, generator=self.shuffle_gen)
-            # near-equal minibatches, one optimizer step each: every row is used once
-            for mb_idx in torch.tensor_split(order, min(n, minibatches)):
-                self.opt.zero_grad(set_to_none=True)
-                if self.critic is not None:
-                    self.critic_opt.zero_grad(set_to_none=True)
-                for m in range(0, len(mb_idx), c.micro_batch_size):
-                    idx = mb_idx[m:m + c.micro_batch_size]
-                    mb = _rows_of(batch, idx)
-                    frac = len(idx) / len(mb_idx)  # each micro-batch's share of the minibatch's loss
-                    loss, metrics = self._policy_loss(mb, R)
-                    check_finite("policy loss", loss, self.global_step)
-                    (loss * frac).backward()
-                    add(metrics)
-                    if self.critic is not None:
-                        vpreds = compute_values(self.critic, mb["input_ids"], mb["attention_mask"], mb["position_ids"], R)
-                        vf_loss, vf_clip = compute_value_loss(vpreds, mb["returns"], mb["values"], mb["response_mask"],
-                                                              c.value_clip, c.loss_agg_mode)
-                        check_finite("value loss", vf_loss, self.global_step)
-                        (vf_loss * frac).backward()
-                        add({"critic/vf_loss": vf_loss.item(), "critic/vf_clipfrac": float(vf_clip)})
-                for name, model, opt, sched in [("actor", self.policy, self.opt, self.sched)] + (
-                        [("critic", self.critic, self.critic_opt, self.critic_sched)] if self.critic is not None else []):
-                    grads = [p.grad for p in model.parameters() if p.grad is not None]
-                    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip or float("inf"))
-                    check_finite(f"{name} gradient norm", norm, self.global_step)
-                    opt.step()
-                    add({f"{name}/grad_norm": norm.item()})
-        for sched in [self.sched] + ([self.critic_sched] if self.critic is not None else []):
-            sched.step()
-        return {k: sums[k] / counts[k] for k in sums}
+# %% ../nbs/10_trainer.ipynb #f830caa7
+def _rows_of(batch: dict, idx: torch.Tensor) -> dict:
+    "The rows `idx` of a collated batch (tensors indexed, lists picked)."
+    out = {}
+    for k, v in batch.items():
+        if torch.is_tensor(v) and v.dim() >= 1 and v.shape[0] == len(batch["input_ids"]):
+            out[k] = v[idx]
+        elif isinstance(v, list) and len(v) == len(batch["input_ids"]):
+            out[k] = [v[i] for i in idx.tolist()]
+        else:
+            out[k] = v
+    return out
 
-    def step(self) -> dict:
-        "One training step (rollout, scores, log-probs, advantages, updates); returns its metrics."
-        c, t0 = self.config, time.perf_counter()
-        tasks = [self.task_rng.choice(self.tasks) for _ in range(c.prompts_per_step)]
-        trajs = self.rollout(tasks, c.group_size)
-        t_roll = time.perf_counter() - t0
-        batch = to_batch(trajs, self.tokenizer.pad_token_id, layout=c.layout)
-        batch = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in batch.items()}
-        R = batch["responses"].shape[1]
-        mask = batch["response_mask"]
-        scores = self._scores(batch, trajs)
-        if self.score_fn is not None:
-            scores = self.score_fn(scores, batch, trajs)
-        metrics = group_signal(*episode_returns(scores, batch))  # the returns the advantages are computed from
-        if c.filter_groups:  # no critic and no KL (validated): the advantages need only the scores, so 4 comes first
-            check_finite("token_level_rewards", scores, self.global_step, mask)
-            advantages, returns = self._advantages(batch, scores, None)
-            check_finite("advantages", advantages, self.global_step, mask)
-            batch["advantages"], batch["returns"] = advantages, returns
-            keep = ((advantages != 0) & mask.bool()).any(dim=1).nonzero().squeeze(1)
-            batch = _rows_of(batch, keep)  # a uniform group's rows have zero advantage: no gradient, no compute
-            metrics["update/rows_kept"] = len(keep) / len(mask)
-        # 3. log-probs: the policy's as it is now (the ratio's denominator), unless the sampler's are trusted as they are
-        if not c.bypass_mode and len(batch["input_ids"]):
-            rollout_lp = batch["old_log_probs"]
-            batch["old_log_probs"] = self._log_probs(self.policy, batch, R)
-            metrics["rollout/logprob_diff_max"] = float(((rollout_lp - batch["old_log_probs"]).abs()
-                                                          * batch["response_mask"]).max())
-        if self.reference is not None:
-            batch["ref_log_probs"] = self._log_probs(self.reference, batch, R)
-            if c.use_kl_in_reward:
-                scores, kl_m = apply_kl_penalty(scores, batch["old_log_probs"], batch["ref_log_probs"], mask,
-                                                c.kl_coef, c.kl_type)
-                metrics.update(kl_m)
-        if not c.filter_groups:
-            values = None
+
+@patch
+def _policy_loss(self: Trainer, mb, R):
+    "The clipped surrogate on a micro-batch, plus the entropy bonus and the KL loss if asked; and its metrics."
+    c = self.config
+    out = compute_log_probs(self.policy, mb["input_ids"], mb["attention_mask"], mb["position_ids"], R,
+                            self.params.temperature, return_entropy=c.entropy_coef > 0)
+    log_prob, entropy = out if c.entropy_coef > 0 else (out, None)
+    mask = mb["response_mask"]
+    loss, metrics = get_policy_loss(c.policy_loss)(
+        mb["old_log_probs"], log_prob, mb["advantages"], mask, c.loss_agg_mode,
+        {"clip_ratio_low": c.clip_ratio_low, "clip_ratio_high": c.clip_ratio_high, "clip_ratio_c": c.clip_ratio_c})
+    metrics = {k: v for k, v in metrics.items()}
+    metrics["actor/pg_loss"] = loss.item()
+    if entropy is not None:
+        ent = agg_loss(entropy, mask, c.loss_agg_mode)
+        loss = loss - c.entropy_coef * ent
+        metrics["actor/entropy"] = ent.item()
+    if self.reference is not None and not c.use_kl_in_reward:
+        kl = compute_kl_loss(log_prob, mb["ref_log_probs"], mask, c.kl_type, c.loss_agg_mode)
+        loss = loss + c.kl_coef * kl
+        metrics["actor/kl_loss"] = kl.item()
+    return loss, metrics
+
+# %% ../nbs/10_trainer.ipynb #074acc84
+@patch
+def _update(self: Trainer, batch, R, minibatches: int) -> dict:
+    "ppo_epochs passes of `minibatches` near-equal minibatch updates, with gradient accumulation."
+    c, n = self.config, len(batch["input_ids"])
+    sums, counts = {}, {}
+    def add(d):
+        for k, v in d.items():
+            sums[k] = sums.get(k, 0.0) + float(v)
+            counts[k] = counts.get(k, 0) + 1
+    self.policy.train()
+    for epoch in range(c.ppo_epochs):
+        order = torch.randperm(n, generator=self.shuffle_gen)
+        # near-equal minibatches, one optimizer step each: every row is used once
+        for mb_idx in torch.tensor_split(order, min(n, minibatches)):
+            self.opt.zero_grad(set_to_none=True)
             if self.critic is not None:
-                self.critic.eval()
-                values = self._forward_all(lambda i, a, p, r: compute_values(self.critic, i, a, p, r), batch, R)
-                self.critic.train()
-                batch["values"] = values
-            check_finite("token_level_rewards", scores, self.global_step, mask)
-            # 4. advantages
-            advantages, returns = self._advantages(batch, scores, values)
-            check_finite("advantages", advantages, self.global_step, mask)
-            batch["advantages"], batch["returns"] = advantages, returns
-        # 5. updates
-        t1 = time.perf_counter()
-        if len(batch["input_ids"]):  # as many optimizer steps as the whole batch would take, filtered or not
-            metrics.update(self._update(batch, R, max(1, len(mask) // c.mini_batch_size)))
-        adv = advantages[mask.bool()]
-        metrics.update({
-            **_episode_stats(trajs),
-            "adv/mean": adv.mean().item() if adv.numel() else 0.0,
-            "adv/abs_mean": adv.abs().mean().item() if adv.numel() else 0.0,
-            "adv/zero_frac": (adv == 0).float().mean().item() if adv.numel() else 1.0,
-            "rollout/tokens_per_s": self.last_rollout_metrics["tokens_per_s"],
-            "time/rollout_s": t_roll, "time/prepare_s": t1 - t0 - t_roll,  # rows, scores, log-probs, advantages
-            **{f"time/rollout_{k}": self.last_rollout_metrics.get(k, 0.0) for k in ("prefill_s", "decode_s", "env_s")},
-            "time/update_s": time.perf_counter() - t1,
-            "time/step_s": time.perf_counter() - t0, "actor/lr": self.sched.get_last_lr()[0],
-        })
-        self.global_step += 1
-        if self.logger:
-            self.logger.log(self.global_step, **metrics)
-        if self.tb:
-            for k, v in metrics.items():
-                self.tb.add_scalar(k, v, self.global_step)
-        if c.out_dir and c.save_every and self.global_step % c.save_every == 0:
-            self.save_checkpoint()
-        return metrics
+                self.critic_opt.zero_grad(set_to_none=True)
+            for m in range(0, len(mb_idx), c.micro_batch_size):
+                idx = mb_idx[m:m + c.micro_batch_size]
+                mb = _rows_of(batch, idx)
+                frac = len(idx) / len(mb_idx)  # each micro-batch's share of the minibatch's loss
+                loss, metrics = self._policy_loss(mb, R)
+                check_finite("policy loss", loss, self.global_step)
+                (loss * frac).backward()
+                add(metrics)
+                if self.critic is not None:
+                    vpreds = compute_values(self.critic, mb["input_ids"], mb["attention_mask"], mb["position_ids"], R)
+                    vf_loss, vf_clip = compute_value_loss(vpreds, mb["returns"], mb["values"], mb["response_mask"],
+                                                          c.value_clip, c.loss_agg_mode)
+                    check_finite("value loss", vf_loss, self.global_step)
+                    (vf_loss * frac).backward()
+                    add({"critic/vf_loss": vf_loss.item(), "critic/vf_clipfrac": float(vf_clip)})
+            for name, model, opt, sched in [("actor", self.policy, self.opt, self.sched)] + (
+                    [("critic", self.critic, self.critic_opt, self.critic_sched)] if self.critic is not None else []):
+                grads = [p.grad for p in model.parameters() if p.grad is not None]
+                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip or float("inf"))
+                check_finite(f"{name} gradient norm", norm, self.global_step)
+                opt.step()
+                add({f"{name}/grad_norm": norm.item()})
+    for sched in [self.sched] + ([self.critic_sched] if self.critic is not None else []):
+        sched.step()
+    return {k: sums[k] / counts[k] for k in sums}
 
-    def train(
-        self,
-        steps: int,
-        progress: bool = True,
-        callback: Callable[[Trainer, dict], None] | None = None,  # called after each step with its metrics
-    ) -> list[dict]:
-        "Run `steps` training steps with a progress bar; returns their metrics."
-        from tqdm.auto import tqdm
+# %% ../nbs/10_trainer.ipynb #2f1b3350
+def _episode_stats(trajs) -> dict:
+    "What the episodes did: outcome, turns, tool calls, lengths, why they ended."
+    n = len(trajs)
+    reasons = {}
+    for t in trajs:
+        reasons[t.reason] = reasons.get(t.reason, 0) + 1
+    calls = [sum(int(s.info.get("n_calls", 0) or 0) for s in t.steps) for t in trajs]
+    return {
+        "reward/outcome_mean": sum(t.outcome_reward for t in trajs) / n,
+        "reward/process_mean": sum(sum(s.reward for s in t.steps) for t in trajs) / n,
+        "episode/turns_mean": sum(t.num_steps for t in trajs) / n,
+        "episode/tool_calls_mean": sum(calls) / n,
+        "episode/policy_tokens_mean": sum(t.num_policy_tokens for t in trajs) / n,
+        **{f"episode/end_{r}": c / n for r, c in sorted(reasons.items())},
+    }
 
-        history = []
-        bar = tqdm(range(steps), desc=f"{self.config.algorithm}", disable=not progress)
-        for _ in bar:
-            m = self.step()
-            history.append(m)
-            bar.set_postfix(reward=f"{m['reward/outcome_mean']:.3f}", signal=f"{m['groups/with_variance']:.2f}")
-            if callback is not None:
-                callback(self, m)
-        return history
 
-    @torch.no_grad()
-    def evaluate(self, tasks: Sequence[dict], greedy: bool = True) -> tuple[dict, list]:
-        "Play each task once (greedy by default) without training; return metrics and trajectories."
-        trajs = self.rollout(list(tasks), 1, greedy=greedy, tag="eval")
-        return _episode_stats(trajs), trajs
+def group_signal(
+    returns: Sequence[float],  # each episode's return (the sum of the scores the estimator sees)
+    groups: Sequence[str],  # each episode's group id
+) -> dict:
+    "How many groups can teach: a group whose episodes all earn the same return has zero GRPO/RLOO advantage."
+    if len(returns) != len(groups):
+        raise ValueError(f"one group id per return: got {len(returns)} returns and {len(groups)} group ids")
+    if not len(returns):
+        raise ValueError("no episodes: there are no groups to measure")
+    by_group = {}
+    for r, g in zip(returns, groups):
+        by_group.setdefault(g, []).append(float(r))
+    spread = [max(r) - min(r) > 1e-9 for r in by_group.values()]
+    return {"groups/with_variance": sum(spread) / len(spread), "groups/count": len(spread)}
 
-# %% ../nbs/10_trainer.ipynb #337f13a5
+
+def episode_returns(scores: torch.Tensor, batch: dict) -> tuple[list[float], list[str]]:
+    "Each trajectory's return (its rows' scores summed) and group id, from a step's rows."
+    out = {}
+    for s, uid, g in zip(scores.sum(-1).tolist(), batch["trajectory_uid"], batch["group"]):
+        out[uid] = (out[uid][0] + s, g) if uid in out else (s, g)
+    return [r for r, _ in out.values()], [g for _, g in out.values()]
+
+
+# %% ../nbs/10_trainer.ipynb #5cecdb94
+@patch
+def step(self: Trainer) -> dict:
+    "One training step (rollout, scores, log-probs, advantages, updates); returns its metrics."
+    c, t0 = self.config, time.perf_counter()
+    # 1. rollout: prompts_per_step tasks, group_size episodes of each, laid out as rows
+    trajs = self.rollout([self.task_rng.choice(self.tasks) for _ in range(c.prompts_per_step)], c.group_size)
+    t_roll = time.perf_counter() - t0
+    batch = to_batch(trajs, self.tokenizer.pad_token_id, layout=c.layout)
+    batch = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+    R, mask = batch["responses"].shape[1], batch["response_mask"]
+    # 2. scores: the environment's rewards as configured, then any extra shaping
+    scores = self._scores(batch, trajs)
+    if self.score_fn is not None:
+        scores = self.score_fn(scores, batch, trajs)
+    metrics = group_signal(*episode_returns(scores, batch))  # the returns the advantages are computed from
+    if c.filter_groups:  # 4 before 3 (see above); a uniform group's rows have zero advantage: no gradient, no compute
+        advantages, batch["returns"] = self._advantages(batch, scores, None)
+        batch["advantages"] = advantages
+        keep = ((advantages != 0) & mask.bool()).any(dim=1).nonzero().squeeze(1)
+        batch = _rows_of(batch, keep)
+        metrics["update/rows_kept"] = len(keep) / len(mask)
+    # 3. log-probs: the policy's as it is now, unless the sampler's are trusted as they are; the reference's; values
+    if not c.bypass_mode and len(batch["input_ids"]):
+        rollout_lp, batch["old_log_probs"] = batch["old_log_probs"], self._log_probs(self.policy, batch, R)
+        metrics["rollout/logprob_diff_max"] = float(((rollout_lp - batch["old_log_probs"]).abs()
+                                                      * batch["response_mask"]).max())
+    if self.reference is not None:
+        batch["ref_log_probs"] = self._log_probs(self.reference, batch, R)
+        if c.use_kl_in_reward:
+            scores, kl_m = apply_kl_penalty(scores, batch["old_log_probs"], batch["ref_log_probs"], mask,
+                                            c.kl_coef, c.kl_type)
+            metrics.update(kl_m)
+    if not c.filter_groups:
+        values = None
+        if self.critic is not None:
+            self.critic.eval()
+            values = self._forward_all(lambda i, a, p, r: compute_values(self.critic, i, a, p, r), batch, R)
+            self.critic.train()
+            batch["values"] = values
+        # 4. advantages
+        advantages, batch["returns"] = self._advantages(batch, scores, values)
+        batch["advantages"] = advantages
+    # 5. updates: as many optimizer steps as the whole batch would take, filtered or not
+    t1 = time.perf_counter()
+    if len(batch["input_ids"]):
+        metrics.update(self._update(batch, R, max(1, len(mask) // c.mini_batch_size)))
+    metrics.update(_episode_stats(trajs), **_advantage_stats(advantages[mask.bool()]),
+                   **self._timings(t0, t_roll, t1))
+    self._end_step(metrics)
+    return metrics
+
+# %% ../nbs/10_trainer.ipynb #10f83898
+def _advantage_stats(adv: torch.Tensor) -> dict:
+    "Mean, mean size and share of zeros of the advantages on policy tokens."
+    if not adv.numel():
+        return {"adv/mean": 0.0, "adv/abs_mean": 0.0, "adv/zero_frac": 1.0}
+    return {"adv/mean": adv.mean().item(), "adv/abs_mean": adv.abs().mean().item(),
+            "adv/zero_frac": (adv == 0).float().mean().item()}
+
+
+@patch
+def _timings(self: Trainer, t0: float, t_roll: float, t1: float) -> dict:
+    "Where the step's time went: rollout (prefill, decode, environments), preparation, update."
+    r = self.last_rollout_metrics
+    return {"rollout/tokens_per_s": r["tokens_per_s"], "time/rollout_s": t_roll,
+            "time/prepare_s": t1 - t0 - t_roll,  # rows, scores, log-probs, advantages
+            **{f"time/rollout_{k}": r.get(k, 0.0) for k in ("prefill_s", "decode_s", "env_s")},
+            "time/update_s": time.perf_counter() - t1, "time/step_s": time.perf_counter() - t0,
+            "actor/lr": self.sched.get_last_lr()[0]}
+
+
+@patch
+def _end_step(self: Trainer, metrics: dict):
+    "Count the step, log its metrics and write a checkpoint when one is due."
+    self.global_step += 1
+    if self.logger:
+        self.logger.log(self.global_step, **metrics)
+    if self.tb:
+        for k, v in metrics.items():
+            self.tb.add_scalar(k, v, self.global_step)
+    if self.config.out_dir and self.config.save_every and self.global_step % self.config.save_every == 0:
+        self.save_checkpoint()
+
+# %% ../nbs/10_trainer.ipynb #8973e252
+@patch
+def train(
+    self: Trainer,
+    steps: int,
+    progress: bool = True,
+    callback: Callable[[Trainer, dict], None] | None = None,  # called after each step with its metrics
+) -> list[dict]:
+    "Run `steps` training steps with a progress bar; returns their metrics."
+    from tqdm.auto import tqdm
+
+    history = []
+    bar = tqdm(range(steps), desc=f"{self.config.algorithm}", disable=not progress)
+    for _ in bar:
+        m = self.step()
+        history.append(m)
+        bar.set_postfix(reward=f"{m['reward/outcome_mean']:.3f}", signal=f"{m['groups/with_variance']:.2f}")
+        if callback is not None:
+            callback(self, m)
+    return history
+
+@patch
+@torch.no_grad()
+def evaluate(self: Trainer, tasks: Sequence[dict], greedy: bool = True) -> tuple[dict, list]:
+    "Play each task once (greedy by default) without training; return metrics and trajectories."
+    trajs = self.rollout(list(tasks), 1, greedy=greedy, tag="eval")
+    return _episode_stats(trajs), trajs
+
+
+# %% ../nbs/10_trainer.ipynb #3ed9c74d
 def _rng_state(self: Trainer) -> dict:
     return {"task_rng": self.task_rng.getstate(), "sample_gen": self.sample_gen.get_state(),
             "shuffle_gen": self.shuffle_gen.get_state(), "python": random.getstate(),
@@ -556,7 +615,8 @@ def _rng_state(self: Trainer) -> dict:
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
 
 
-def _save_checkpoint(self: Trainer, path: str | Path | None = None) -> Path:
+@patch
+def save_checkpoint(self: Trainer, path: str | Path | None = None) -> Path:
     "Write a checkpoint (atomically) and return its folder; default: <out_dir>/checkpoints/step_<n>."
     if path is None:
         if not self.config.out_dir:
@@ -585,7 +645,9 @@ def _save_checkpoint(self: Trainer, path: str | Path | None = None) -> Path:
     return path
 
 
-def _load_checkpoint(self: Trainer, path: str | Path) -> int:
+# %% ../nbs/10_trainer.ipynb #c15eef6e
+@patch
+def load_checkpoint(self: Trainer, path: str | Path) -> int:
     "Restore everything from a checkpoint folder; returns the step it resumes at."
     path = Path(path)
     if not (path / "trainer_state.pt").exists():
@@ -620,6 +682,7 @@ def _load_checkpoint(self: Trainer, path: str | Path) -> int:
     return self.global_step
 
 
+# %% ../nbs/10_trainer.ipynb #19dca094
 def roll_back_log(
     path: str | Path,  # a `.jsonl` metrics log
     step: int,  # the step a run resumes from
@@ -645,6 +708,7 @@ def roll_back_log(
     return len(later)
 
 
+# %% ../nbs/10_trainer.ipynb #df55d87a
 def latest_checkpoint(
     out_dir: str | Path,  # a run folder (its checkpoints/ subfolder is searched)
 ) -> Path | None:  # the newest complete checkpoint, or None
@@ -653,31 +717,3 @@ def latest_checkpoint(
                    if p.is_dir() and not p.name.endswith(".tmp") and (p / "trainer_state.pt").exists())
     return ckpts[-1] if ckpts else None
 
-
-Trainer.save_checkpoint = _save_checkpoint
-Trainer.load_checkpoint = _load_checkpoint
-
-# %% ../nbs/10_trainer.ipynb #621242bc
-class TargetTokensEnv(AgentEnv):
-    "Toy task: each turn scores the fraction of the response's tokens that are in a target set; the outcome is their mean."
-    name = "target_tokens"
-
-    def __init__(self, target_ids: Sequence[int], turns: int = 2, eos_id: int | None = None):
-        super().__init__()
-        if not target_ids:
-            raise ValueError("target_ids is empty")
-        self.target, self.turns, self.eos = set(int(t) for t in target_ids), turns, eos_id
-
-    def _reset(self, question: str = "say numbers", **task) -> Observation:
-        self.messages, self.scores = [{"role": "user", "content": question}], []
-        return Observation(list(self.messages))
-
-    def _step(self, action: Action):
-        ids = [t for t in (action.token_ids or []) if t != self.eos] or [-1]
-        self.scores.append(sum(t in self.target for t in ids) / len(ids))
-        self.messages = self.messages + [{"role": "assistant", "content": action.text}]
-        if len(self.scores) >= self.turns:
-            outcome = sum(self.scores) / len(self.scores)
-            return Observation(list(self.messages)), outcome, True, False, {"reason": "done", "outcome_reward": outcome}
-        self.messages = self.messages + [{"role": "user", "content": "more"}]
-        return Observation(list(self.messages)), 0.0, False, False, {"reason": None}
