@@ -12,7 +12,7 @@ import os
 import random
 import shutil
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -443,7 +443,6 @@ def _update(self: Trainer, batch, R, minibatches: int) -> dict:
                     add({"critic/vf_loss": vf_loss.item(), "critic/vf_clipfrac": float(vf_clip)})
             for name, model, opt, sched in [("actor", self.policy, self.opt, self.sched)] + (
                     [("critic", self.critic, self.critic_opt, self.critic_sched)] if self.critic is not None else []):
-                grads = [p.grad for p in model.parameters() if p.grad is not None]
                 norm = torch.nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip or float("inf"))
                 check_finite(f"{name} gradient norm", norm, self.global_step)
                 opt.step()

@@ -51,7 +51,8 @@ def main(argv=None):
         ap.error(f"--repeats must be at least 1, got {args.repeats}")
 
     from agent_r1_tutorial.rewards import format_reward, split_turns
-    from agent_r1_tutorial.tools import get_format, strip_fence
+    from agent_r1_tutorial.sandbox import strip_fence
+    from agent_r1_tutorial.tools import get_format
 
     lazy = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
     parsers = {"hermes.parse": get_format("hermes").parse, "search_r1.parse": get_format("search_r1").parse,

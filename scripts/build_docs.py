@@ -11,7 +11,8 @@ with smalldocs, a pure-Python renderer of `_quarto.yml` projects:
 2. the processed notebooks are given the page names Quarto would give them (nbdev's `output-file`, e.g.
    00_core.ipynb -> core.html), so that nbdev's doc links resolve;
 3. smalldocs renders the site; any warning other than the known "Quarto-only key" notes fails the build
-   (a broken link is such a warning);
+   (a broken link is such a warning); nbdev links a private name to `#_name` where the API entry's anchor is
+   `#name`, so those links are pointed at the entry;
 4. KaTeX is bundled into the site (smalldocs links it from a CDN), and the theme's import of Google Fonts is
    dropped (the theme's own fallback font stack applies), so that the site loads nothing from the network.
 
@@ -199,6 +200,32 @@ def readme_text() -> str:
     return header + re.sub(r"\n{3,}", "\n\n", body).strip() + "\n"
 
 
+_ID = re.compile(r'\sid="([^"]+)"')
+_PRIVATE_LINK = re.compile(r'href="([\w.-]+\.html)#_([\w.]+)"')
+
+
+def fix_private_anchors(out: Path) -> int:
+    "Point nbdev's links to private names (`#_name`) at the anchor their API entry gets (`#name`); returns how many."
+    ids = {page.name: set(_ID.findall(page.read_text(encoding="utf-8"))) for page in out.glob("*.html")}
+    fixed = 0
+    for page in out.glob("*.html"):
+        text = page.read_text(encoding="utf-8")
+
+        def sub(m):
+            nonlocal fixed
+            target, name = m.group(1), m.group(2)
+            have = ids.get(target, set())
+            if f"_{name}" in have or name not in have:
+                return m.group(0)
+            fixed += 1
+            return f'href="{target}#{name}"'
+
+        new = _PRIVATE_LINK.sub(sub, text)
+        if new != text:
+            page.write_text(new, encoding="utf-8")
+    return fixed
+
+
 def build(out: Path) -> dict:
     "The whole build; returns a summary."
     from nbdev.config import get_config
@@ -207,6 +234,7 @@ def build(out: Path) -> dict:
     proc = process_notebooks()
     renames = stage_pages(proc, git_url)
     notes = render(proc, out)
+    fix_private_anchors(out)
     pages = bundle_katex(out)
     dropped = drop_remote_css_imports(out)
     check_offline(out)

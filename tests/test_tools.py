@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
+from agent_r1_tutorial.sandbox import PythonTool, SandboxResult, run_sandboxed, sandbox_support, strip_fence
 from agent_r1_tutorial.tools import (
-    BaseTool, CalculatorError, CalculatorTool, HermesFormat, ParsedResponse, PythonTool, Registry, SandboxResult,
-    SearchR1Format, ToolCall, ToolResult, arun_tool_calls, format_number, get_format, get_tool, list_formats,
-    list_tools, register_tool, resolve_tools, run_sandboxed, run_tool_calls, run_tool_calls_batch, safe_eval,
-    sandbox_support, strip_fence, tag_blocks, truncate_text,
+    BaseTool, CalculatorError, CalculatorTool, HermesFormat, ParsedResponse, Registry, SearchR1Format, ToolCall,
+    ToolResult, arun_tool_calls, format_number, get_format, get_tool, list_formats, list_tools, register_tool,
+    resolve_tools, run_tool_calls, run_tool_calls_batch, safe_eval, tag_blocks, truncate_text,
 )
 
 FORMATS = [HermesFormat(), SearchR1Format()]
