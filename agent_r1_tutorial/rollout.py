@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
+from fastcore.basics import patch
 from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -157,7 +158,7 @@ def sample_tokens(
     # right=True: the first i with cdf[i] > u, so a zero-probability token (cdf[i] == cdf[i-1]) is never drawn
     return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_max(cdf.shape[1] - 1)
 
-# %% ../nbs/06_rollout.ipynb #9ef8c1a6
+# %% ../nbs/06_rollout.ipynb #1bdd711b
 class _KVState:
     "The batch's KV cache between calls: the tokens each row holds; padding holes are masked out."
 
@@ -174,6 +175,9 @@ class _KVState:
         self.held, self.keys = [self.held[i] for i in rows], [self.keys[i] for i in rows]
 
 
+
+
+# %% ../nbs/06_rollout.ipynb #4f84abeb
 class HFBackend(PolicyBackend):
     "Batched sampling from a Hugging Face causal LM, with per-episode stops and budgets and a KV cache kept across turns."
 
@@ -199,115 +203,128 @@ class HFBackend(PolicyBackend):
                       "prefill_s": 0.0, "decode_s": 0.0}  # forward time: contexts fed in, then one token per call
         # (on a GPU these clock kernel launches, not the kernels: the CPU does not wait for them here)
 
-    def _feed(self, new: list[list[int]], phase: str = "decode") -> torch.Tensor:
-        "Feed each row's new tokens (left-padded to one length) on top of the cache; return the last logits."
-        t0 = time.perf_counter()
-        st, B = self.state, len(new)
-        n = max(len(x) for x in new)
-        if n == 1:  # a decode call: one token per running row, built in one go (this runs once per sampled token)
-            ids = torch.tensor([[x[0] if x else self.pad] for x in new])
-            m = torch.tensor([[1 if x else 0] for x in new])
-        else:
-            ids = torch.full((B, n), self.pad, dtype=torch.long)
-            m = torch.zeros((B, n), dtype=torch.long)
-            for i, x in enumerate(new):
-                if x:
-                    ids[i, n - len(x):] = torch.tensor(x)
-                    m[i, n - len(x):] = 1
-        ids, m = ids.to(self.device), m.to(self.device)
-        mask = m if st.mask is None else torch.cat([st.mask, m], dim=1)
-        base = torch.zeros(B, dtype=torch.long, device=self.device) if st.npos is None else st.npos
-        pos = (base[:, None] + m.cumsum(dim=1) - 1).clamp(min=0)  # a token's position = real tokens before it
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=st.cache, use_cache=True)
-        st.cache, st.mask, st.npos = out.past_key_values, mask, base + m.sum(dim=1)
-        for h, x in zip(st.held, new):
-            h.extend(x)
-        self.stats["fed_tokens"] += int(m.sum())
-        self.stats["forward_calls"] += 1
-        logits = out.logits[:, -1, :].float()
-        self.stats[f"{phase}_s"] += time.perf_counter() - t0
-        return logits
 
-    def _prepare(self, contexts, keys) -> list[list[int]]:
-        "Line the cache up with `keys`; return what each row still has to be fed."
-        st = self.state
-        ok = self.reuse_cache and st.cache is not None and set(keys) <= set(st.keys)
-        if ok:
-            where = {k: i for i, k in enumerate(st.keys)}
-            rows = [where[k] for k in keys]
-            if rows != list(range(len(st.keys))):
-                st.select(rows)
-            ok = all(len(c) > len(h) and c[:len(h)] == h for c, h in zip(contexts, st.held))
-            if not ok:
-                self.stats["cache_restarts"] += 1
+# %% ../nbs/06_rollout.ipynb #3a193226
+@patch
+def _feed(self: HFBackend, new: list[list[int]], phase: str = "decode") -> torch.Tensor:
+    "Feed each row's new tokens (left-padded to one length) on top of the cache; return the last logits."
+    t0 = time.perf_counter()
+    st, B = self.state, len(new)
+    n = max(len(x) for x in new)
+    if n == 1:  # a decode call: one token per running row, built in one go (this runs once per sampled token)
+        ids = torch.tensor([[x[0] if x else self.pad] for x in new])
+        m = torch.tensor([[1 if x else 0] for x in new])
+    else:
+        ids = torch.full((B, n), self.pad, dtype=torch.long)
+        m = torch.zeros((B, n), dtype=torch.long)
+        for i, x in enumerate(new):
+            if x:
+                ids[i, n - len(x):] = torch.tensor(x)
+                m[i, n - len(x):] = 1
+    ids, m = ids.to(self.device), m.to(self.device)
+    mask = m if st.mask is None else torch.cat([st.mask, m], dim=1)
+    base = torch.zeros(B, dtype=torch.long, device=self.device) if st.npos is None else st.npos
+    pos = (base[:, None] + m.cumsum(dim=1) - 1).clamp(min=0)  # a token's position = real tokens before it
+    out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=st.cache, use_cache=True)
+    st.cache, st.mask, st.npos = out.past_key_values, mask, base + m.sum(dim=1)
+    for h, x in zip(st.held, new):
+        h.extend(x)
+    self.stats["fed_tokens"] += int(m.sum())
+    self.stats["forward_calls"] += 1
+    logits = out.logits[:, -1, :].float()
+    self.stats[f"{phase}_s"] += time.perf_counter() - t0
+    return logits
+
+
+# %% ../nbs/06_rollout.ipynb #d1c7cd5f
+@patch
+def _prepare(self: HFBackend, contexts, keys) -> list[list[int]]:
+    "Line the cache up with `keys`; return what each row still has to be fed."
+    st = self.state
+    ok = self.reuse_cache and st.cache is not None and set(keys) <= set(st.keys)
+    if ok:
+        where = {k: i for i, k in enumerate(st.keys)}
+        rows = [where[k] for k in keys]
+        if rows != list(range(len(st.keys))):
+            st.select(rows)
+        ok = all(len(c) > len(h) and c[:len(h)] == h for c, h in zip(contexts, st.held))
         if not ok:
-            st.reset()
-            st.cache = GrowingCache() if self.fast_decode else DynamicCache()
-            st.held, st.keys = [[] for _ in contexts], list(keys)
-        return [c[len(h):] for c, h in zip(contexts, st.held)]
+            self.stats["cache_restarts"] += 1
+    if not ok:
+        st.reset()
+        st.cache = GrowingCache() if self.fast_decode else DynamicCache()
+        st.held, st.keys = [[] for _ in contexts], list(keys)
+    return [c[len(h):] for c, h in zip(contexts, st.held)]
 
-    def _prefill(self, new: list[list[int]]) -> torch.Tensor:
-        "Feed the contexts; from an empty cache, each distinct context once, its keys and values then copied per row."
-        st = self.state
-        if not self.share_prompts or any(st.held):
-            return self._feed(new, "prefill")
-        first: dict[tuple, int] = {}
-        rows = [first.setdefault(tuple(x), len(first)) for x in new]  # row -> its context's first occurrence
-        if len(first) == len(new):
-            return self._feed(new, "prefill")
-        keys = st.keys
-        st.held, st.keys = [[] for _ in first], list(range(len(first)))
-        logits = self._feed([list(x) for x in first], "prefill")  # the G episodes of a group: one row, not G
-        t0 = time.perf_counter()
-        st.select(rows)  # copy each distinct row out to the episodes that share it
-        st.held, st.keys = [list(h) for h in st.held], keys  # each episode's own record from here on
-        self.stats["prefill_s"] += time.perf_counter() - t0
-        return logits[torch.tensor(rows, device=logits.device)]
 
-    @torch.no_grad()
-    def generate(self, contexts, params, keys=None, max_new_tokens=None) -> list[Generation]:
-        "Continue every context until it samples a stop id or spends its budget."
-        contexts, keys, budgets = _check_contexts(contexts, keys, max_new_tokens, params)
-        was_training = self.model.training
-        attn = getattr(getattr(self.model, "config", None), "_attn_implementation", None)
-        self.model.eval()
-        swap = self.fast_decode and attn == "sdpa" and self.device.type == "cpu"
-        if swap:
-            self.model.set_attn_implementation("sdpa_gqa")  # for this call only: training keeps its kernel
-        try:
-            logits = self._prefill(self._prepare(contexts, keys))
-            B, stops = len(contexts), set(params.stop_token_ids)
-            out_ids, out_lp = [[] for _ in range(B)], [[] for _ in range(B)]
-            reason, active = ["length"] * B, [True] * B
-            for t in range(max(budgets)):
-                logp = torch.log_softmax(logits / params.temperature, dim=-1)
-                if params.greedy:
-                    tok = logp.argmax(dim=-1)
+# %% ../nbs/06_rollout.ipynb #bbc0ed5d
+@patch
+def _prefill(self: HFBackend, new: list[list[int]]) -> torch.Tensor:
+    "Feed the contexts; from an empty cache, each distinct context once, its keys and values then copied per row."
+    st = self.state
+    if not self.share_prompts or any(st.held):
+        return self._feed(new, "prefill")
+    first: dict[tuple, int] = {}
+    rows = [first.setdefault(tuple(x), len(first)) for x in new]  # row -> its context's first occurrence
+    if len(first) == len(new):
+        return self._feed(new, "prefill")
+    keys = st.keys
+    st.held, st.keys = [[] for _ in first], list(range(len(first)))
+    logits = self._feed([list(x) for x in first], "prefill")  # the G episodes of a group: one row, not G
+    t0 = time.perf_counter()
+    st.select(rows)  # copy each distinct row out to the episodes that share it
+    st.held, st.keys = [list(h) for h in st.held], keys  # each episode's own record from here on
+    self.stats["prefill_s"] += time.perf_counter() - t0
+    return logits[torch.tensor(rows, device=logits.device)]
+
+
+# %% ../nbs/06_rollout.ipynb #18ec09e6
+@patch
+@torch.no_grad()
+def generate(self: HFBackend, contexts, params, keys=None, max_new_tokens=None) -> list[Generation]:
+    "Continue every context until it samples a stop id or spends its budget."
+    contexts, keys, budgets = _check_contexts(contexts, keys, max_new_tokens, params)
+    was_training = self.model.training
+    attn = getattr(getattr(self.model, "config", None), "_attn_implementation", None)
+    self.model.eval()
+    swap = self.fast_decode and attn == "sdpa" and self.device.type == "cpu"
+    if swap:
+        self.model.set_attn_implementation("sdpa_gqa")  # for this call only: training keeps its kernel
+    try:
+        logits = self._prefill(self._prepare(contexts, keys))
+        B, stops = len(contexts), set(params.stop_token_ids)
+        out_ids, out_lp = [[] for _ in range(B)], [[] for _ in range(B)]
+        reason, active = ["length"] * B, [True] * B
+        for t in range(max(budgets)):
+            logp = torch.log_softmax(logits / params.temperature, dim=-1)
+            if params.greedy:
+                tok = logp.argmax(dim=-1)
+            else:
+                tok = self.sampler(logp, self.generator)
+            chosen = logp.gather(1, tok[:, None]).squeeze(1).tolist()
+            tok = tok.tolist()
+            feed = [[] for _ in range(B)]
+            for i in range(B):
+                if not active[i]:
+                    continue
+                out_ids[i].append(tok[i])
+                out_lp[i].append(chosen[i])
+                if tok[i] in stops:
+                    active[i], reason[i] = False, "stop"
+                elif len(out_ids[i]) >= budgets[i]:
+                    active[i] = False
                 else:
-                    tok = self.sampler(logp, self.generator)
-                chosen = logp.gather(1, tok[:, None]).squeeze(1).tolist()
-                tok = tok.tolist()
-                feed = [[] for _ in range(B)]
-                for i in range(B):
-                    if not active[i]:
-                        continue
-                    out_ids[i].append(tok[i])
-                    out_lp[i].append(chosen[i])
-                    if tok[i] in stops:
-                        active[i], reason[i] = False, "stop"
-                    elif len(out_ids[i]) >= budgets[i]:
-                        active[i] = False
-                    else:
-                        feed[i] = [tok[i]]
-                if not any(active):
-                    break
-                logits = self._feed(feed)
-        finally:
-            self.model.train(was_training)
-            if swap:
-                self.model.set_attn_implementation(attn)
-        self.stats["generated_tokens"] += sum(map(len, out_ids))
-        return [Generation(i, l, r) for i, l, r in zip(out_ids, out_lp, reason)]
+                    feed[i] = [tok[i]]
+            if not any(active):
+                break
+            logits = self._feed(feed)
+    finally:
+        self.model.train(was_training)
+        if swap:
+            self.model.set_attn_implementation(attn)
+    self.stats["generated_tokens"] += sum(map(len, out_ids))
+    return [Generation(i, l, r) for i, l, r in zip(out_ids, out_lp, reason)]
+
 
 # %% ../nbs/06_rollout.ipynb #b9e120f8
 class ScriptedBackend(PolicyBackend):
@@ -337,7 +354,7 @@ class ScriptedBackend(PolicyBackend):
             out.append(Generation(ids, [0.0] * len(ids), reason))
         return out
 
-# %% ../nbs/06_rollout.ipynb #fe567fea
+# %% ../nbs/06_rollout.ipynb #e1409bc6
 def _jsonable(x):
     "Environment info made JSON-safe for the trajectory record (tool results become their text)."
     if isinstance(x, dict):
@@ -362,6 +379,14 @@ class _Episode:
     done: bool = False
 
 
+def _feedback(old: Observation, new: Observation) -> str:
+    "The text of the messages the environment added after the assistant's turn (for transcripts)."
+    k = len(old.messages) + 1
+    added = new.messages[k:] if new.messages[:k - 1] == old.messages else new.messages[-1:]
+    return "\n".join(str(m.get("content") or "") for m in added if m.get("role") != "assistant")
+
+
+# %% ../nbs/06_rollout.ipynb #1d99e931
 class AgentEnvLoop:
     "Run a batch of environments to completion with a policy backend; return step-level trajectories."
 
@@ -395,94 +420,105 @@ class AgentEnvLoop:
             return ep.context + action_ids + env_ids, env_ids, roles
         return initial_prompt_ids(self.tokenizer, new_obs.messages, new_obs.tools), [], None
 
-    def run(
-        self,
-        envs: Sequence[AgentEnv],  # one environment per episode (fresh or reusable: each is reset here)
-        tasks: Sequence[dict],  # the keyword arguments of each environment's `reset`
-        uids: Sequence[str] | None = None,  # a unique id per episode (default: "ep-<i>")
-        groups: Sequence[str] | None = None,  # the prompt group of each episode, for GRPO-style baselines
-    ) -> list[Trajectory]:
-        "Play every episode to its end; return one `Trajectory` per episode, in order."
-        if len(envs) != len(tasks) or not envs:
-            raise ValueError(f"need one task per environment and at least one of each; got {len(envs)} and {len(tasks)}")
-        uids = [f"ep-{i}" for i in range(len(envs))] if uids is None else list(uids)
-        groups = list(uids) if groups is None else list(groups)
-        if len(uids) != len(envs) or len(set(uids)) != len(uids) or len(groups) != len(envs):
-            raise ValueError("uids must be distinct and uids/groups must have one entry per environment")
-        t0, gen_time, env_time, n_gen = time.perf_counter(), 0.0, 0.0, 0
-        eps = []
-        for env, task, uid, group in zip(envs, tasks, uids, groups):
-            obs = env.reset(**task)
-            ctx = initial_prompt_ids(self.tokenizer, obs.messages, obs.tools)
-            eps.append(_Episode(env, dict(task), uid, group, obs, ctx))
-        for turn in range(self.max_turns):
-            running = [e for e in eps if not e.done]
-            # an episode whose context leaves no room for a token ends here, truncated by the loop
-            for e in running:
-                if len(e.context) >= self.max_context:
-                    self._close(e, "max_context")
-            running = [e for e in running if not e.done]
-            if not running:
-                break
-            budgets = [min(self.params.max_new_tokens, self.max_context - len(e.context)) for e in running]
-            t = time.perf_counter()
-            gens = self.backend.generate([e.context for e in running], self.params, keys=[e.uid for e in running],
-                                         max_new_tokens=budgets)
-            gen_time += time.perf_counter() - t
-            n_gen += sum(len(g.token_ids) for g in gens)
-            # a turn cut by its token budget says so: the environment truncates it instead of reading it as a stop
-            actions = [Action(self.tokenizer.decode(g.token_ids, skip_special_tokens=True), list(g.token_ids),
-                              stop_reason=g.stop_reason) for g in gens]
-            t = time.perf_counter()
-            try:
-                results = step_envs([e.env for e in running], actions)
-            except EnvStepError as err:  # name the episode too: its uid says which task and group hit the bug
-                err.args = (f"episode {running[err.index].uid}: {err.args[0]}",)
-                raise
-            env_time += time.perf_counter() - t
-            for e, g, a, (obs, reward, term, trunc, info) in zip(running, gens, actions, results):
-                if not (term or trunc) and turn == self.max_turns - 1:
-                    trunc, info = True, {**info, "reason": "max_turns"}
-                outcome = info.get("outcome_reward")
-                if outcome is not None and not math.isfinite(outcome):
-                    raise ValueError(f"episode {e.uid}: {type(e.env).__name__} returned a non-finite outcome reward "
-                                     f"{outcome!r}; fix the reward function (no trajectory was recorded)")
-                process = reward - (outcome or 0.0)  # the step keeps its process reward; the outcome goes to the trajectory
-                done = term or trunc
-                nxt, env_ids, roles = (e.context, [], None) if done else self._next_context(e, g.token_ids, obs)
-                e.steps.append(Step(
-                    obs_ids=e.context, action_ids=g.token_ids, action_logprobs=g.logprobs, env_ids=env_ids,
-                    env_roles=roles, action_text=a.text, feedback=_feedback(e.obs, obs), reward=process,
-                    terminated=term, truncated=trunc, reason=(info.get("reason") or "ended") if done else "",
-                    next_obs_ids=None if done else nxt,
-                    info=_jsonable({**info, "stop_reason": g.stop_reason, "turn": turn})))
-                if outcome is not None:
-                    e.outcome = float(outcome)
-                e.obs, e.context, e.done = obs, nxt, done
-        for e in eps:  # the safety limit reached with episodes still running
-            if not e.done:
-                self._close(e, "max_turns")
-        wall = time.perf_counter() - t0
-        self.metrics = {"episodes": len(eps), "generated_tokens": n_gen, "wall_s": wall, "generate_s": gen_time,
-                        "env_s": env_time, "tokens_per_s": n_gen / gen_time if gen_time else 0.0,
-                        "mean_turns": sum(len(e.steps) for e in eps) / len(eps)}
-        return [Trajectory(e.steps, outcome_reward=e.outcome, uid=e.uid, group=e.group,
-                           metadata=_jsonable({"task": e.task})) for e in eps]
 
-    def _close(self, e: _Episode, reason: str):
-        "End an episode the environment did not end: mark its last step truncated (or drop it if it has none)."
-        e.done = True
-        if e.steps:
-            s = e.steps[-1]
-            e.steps[-1] = Step(**{**s.__dict__, "terminated": False, "truncated": True, "reason": reason,
-                                  "env_ids": [], "env_roles": None, "next_obs_ids": None})
+# %% ../nbs/06_rollout.ipynb #c74bc962
+@patch
+def _start(self: AgentEnvLoop, env: AgentEnv, task: dict, uid: str, group: str) -> _Episode:
+    "Reset the environment for its task; the episode's first context is its first observation, templated."
+    obs = env.reset(**task)
+    return _Episode(env, dict(task), uid, group, obs, initial_prompt_ids(self.tokenizer, obs.messages, obs.tools))
 
 
-def _feedback(old: Observation, new: Observation) -> str:
-    "The text of the messages the environment added after the assistant's turn (for transcripts)."
-    k = len(old.messages) + 1
-    added = new.messages[k:] if new.messages[:k - 1] == old.messages else new.messages[-1:]
-    return "\n".join(str(m.get("content") or "") for m in added if m.get("role") != "assistant")
+# %% ../nbs/06_rollout.ipynb #6a0575f2
+@patch
+def run(
+    self: AgentEnvLoop,
+    envs: Sequence[AgentEnv],  # one environment per episode (fresh or reusable: each is reset here)
+    tasks: Sequence[dict],  # the keyword arguments of each environment's `reset`
+    uids: Sequence[str] | None = None,  # a unique id per episode (default: "ep-<i>")
+    groups: Sequence[str] | None = None,  # the prompt group of each episode, for GRPO-style baselines
+) -> list[Trajectory]:
+    "Play every episode to its end; return one `Trajectory` per episode, in order."
+    if len(envs) != len(tasks) or not envs:
+        raise ValueError(f"need one task per environment and at least one of each; got {len(envs)} and {len(tasks)}")
+    uids = [f"ep-{i}" for i in range(len(envs))] if uids is None else list(uids)
+    groups = list(uids) if groups is None else list(groups)
+    if len(uids) != len(envs) or len(set(uids)) != len(uids) or len(groups) != len(envs):
+        raise ValueError("uids must be distinct and uids/groups must have one entry per environment")
+    t0, gen_time, env_time, n_gen = time.perf_counter(), 0.0, 0.0, 0
+    eps = [self._start(*x) for x in zip(envs, tasks, uids, groups)]
+    for turn in range(self.max_turns):
+        running = [e for e in eps if not e.done]
+        # an episode whose context leaves no room for a token ends here, truncated by the loop
+        for e in running:
+            if len(e.context) >= self.max_context:
+                self._close(e, "max_context")
+        running = [e for e in running if not e.done]
+        if not running:
+            break
+        budgets = [min(self.params.max_new_tokens, self.max_context - len(e.context)) for e in running]
+        t = time.perf_counter()
+        gens = self.backend.generate([e.context for e in running], self.params, keys=[e.uid for e in running],
+                                     max_new_tokens=budgets)
+        gen_time += time.perf_counter() - t
+        n_gen += sum(len(g.token_ids) for g in gens)
+        # a turn cut by its token budget says so: the environment truncates it instead of reading it as a stop
+        actions = [Action(self.tokenizer.decode(g.token_ids, skip_special_tokens=True), list(g.token_ids),
+                          stop_reason=g.stop_reason) for g in gens]
+        t = time.perf_counter()
+        try:
+            results = step_envs([e.env for e in running], actions)
+        except EnvStepError as err:  # name the episode too: its uid says which task and group hit the bug
+            err.args = (f"episode {running[err.index].uid}: {err.args[0]}",)
+            raise
+        env_time += time.perf_counter() - t
+        for e, g, a, result in zip(running, gens, actions, results):
+            self._record(e, g, a, result, turn)
+    for e in eps:  # the safety limit reached with episodes still running
+        if not e.done:
+            self._close(e, "max_turns")
+    wall = time.perf_counter() - t0
+    self.metrics = {"episodes": len(eps), "generated_tokens": n_gen, "wall_s": wall, "generate_s": gen_time,
+                    "env_s": env_time, "tokens_per_s": n_gen / gen_time if gen_time else 0.0,
+                    "mean_turns": sum(len(e.steps) for e in eps) / len(eps)}
+    return [Trajectory(e.steps, outcome_reward=e.outcome, uid=e.uid, group=e.group,
+                       metadata=_jsonable({"task": e.task})) for e in eps]
+
+
+# %% ../nbs/06_rollout.ipynb #a1376fb0
+@patch
+def _record(self: AgentEnvLoop, e: _Episode, g: Generation, a: Action, result: tuple, turn: int):
+    "Record one step of an episode from the environment's answer, and move the episode on (or end it)."
+    obs, reward, term, trunc, info = result
+    if not (term or trunc) and turn == self.max_turns - 1:
+        trunc, info = True, {**info, "reason": "max_turns"}
+    outcome = info.get("outcome_reward")
+    if outcome is not None and not math.isfinite(outcome):
+        raise ValueError(f"episode {e.uid}: {type(e.env).__name__} returned a non-finite outcome reward "
+                         f"{outcome!r}; fix the reward function (no trajectory was recorded)")
+    process = reward - (outcome or 0.0)  # the step keeps its process reward; the outcome goes to the trajectory
+    done = term or trunc
+    nxt, env_ids, roles = (e.context, [], None) if done else self._next_context(e, g.token_ids, obs)
+    e.steps.append(Step(
+        obs_ids=e.context, action_ids=g.token_ids, action_logprobs=g.logprobs, env_ids=env_ids,
+        env_roles=roles, action_text=a.text, feedback=_feedback(e.obs, obs), reward=process,
+        terminated=term, truncated=trunc, reason=(info.get("reason") or "ended") if done else "",
+        next_obs_ids=None if done else nxt,
+        info=_jsonable({**info, "stop_reason": g.stop_reason, "turn": turn})))
+    if outcome is not None:
+        e.outcome = float(outcome)
+    e.obs, e.context, e.done = obs, nxt, done
+
+
+@patch
+def _close(self: AgentEnvLoop, e: _Episode, reason: str):
+    "End an episode the environment did not end: mark its last step truncated (or drop it if it has none)."
+    e.done = True
+    if e.steps:
+        s = e.steps[-1]
+        e.steps[-1] = Step(**{**s.__dict__, "terminated": False, "truncated": True, "reason": reason,
+                              "env_ids": [], "env_roles": None, "next_obs_ids": None})
+
 
 # %% ../nbs/06_rollout.ipynb #31ad827c
 def to_batch(
