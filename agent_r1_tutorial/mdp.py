@@ -8,11 +8,12 @@ from __future__ import annotations
 import html
 import json
 import math
-import random
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
+
+from fastcore.basics import patch
 
 import numpy as np
 import torch
@@ -151,7 +152,7 @@ class Step:
         "Whether the episode ends at this step (terminated or truncated)."
         return self.terminated or self.truncated
 
-# %% ../nbs/01_mdp.ipynb #b088b745
+# %% ../nbs/01_mdp.ipynb #26922601
 def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
     "The first position where two id lists differ (a length difference counts), or None if equal."
     for i, (x, y) in enumerate(zip(a, b)):
@@ -192,144 +193,90 @@ class Trajectory:
             raise ValueError("uid is empty: every trajectory needs a unique id")
         self.metadata = _check_json("metadata", self.metadata)
 
-    # ---- what the episode looks like
-    @property
-    def prompt_ids(self) -> list[int]:
-        "The first observation: the prompt as the policy saw it."
-        return list(self.steps[0].obs_ids)
 
-    @property
-    def num_steps(self) -> int:
-        return len(self.steps)
+# %% ../nbs/01_mdp.ipynb #f7fe0edb
+@patch(as_prop=True)
+def prompt_ids(self: Trajectory) -> list[int]:
+    "The first observation: the prompt as the policy saw it."
+    return list(self.steps[0].obs_ids)
 
-    @property
-    def num_policy_tokens(self) -> int:
-        "How many tokens the policy sampled over the whole episode."
-        return sum(len(s.action_ids) for s in self.steps)
+@patch(as_prop=True)
+def num_steps(self: Trajectory) -> int:
+    return len(self.steps)
 
-    @property
-    def terminated(self) -> bool:
-        return self.steps[-1].terminated
+@patch(as_prop=True)
+def num_policy_tokens(self: Trajectory) -> int:
+    "How many tokens the policy sampled over the whole episode."
+    return sum(len(s.action_ids) for s in self.steps)
 
-    @property
-    def truncated(self) -> bool:
-        return self.steps[-1].truncated
+@patch(as_prop=True)
+def terminated(self: Trajectory) -> bool:
+    return self.steps[-1].terminated
 
-    @property
-    def done(self) -> bool:
-        return self.steps[-1].done
+@patch(as_prop=True)
+def truncated(self: Trajectory) -> bool:
+    return self.steps[-1].truncated
 
-    @property
-    def reason(self) -> str:
-        return self.steps[-1].reason
+@patch(as_prop=True)
+def done(self: Trajectory) -> bool:
+    return self.steps[-1].done
 
-    @property
-    def total_reward(self) -> float:
-        "The outcome reward plus every step reward."
-        return self.outcome_reward + sum(s.reward for s in self.steps)
+@patch(as_prop=True)
+def reason(self: Trajectory) -> str:
+    return self.steps[-1].reason
 
-    # ---- the growing sequence
-    def append_only_violation(self) -> tuple[int, int] | None:
-        "`(step, position)` of the first observation that is not the previous one with the action and `env_ids` appended; None if there is none."
-        for k in range(1, len(self.steps)):
-            p = self.steps[k - 1]
-            pos = _first_difference(self.steps[k].obs_ids, p.obs_ids + p.action_ids + p.env_ids)
-            if pos is not None:
-                return k, pos
-        return None
-
-    def is_append_only(self) -> bool:
-        "True when every step's `obs_ids` is the previous `obs_ids + action_ids + env_ids`."
-        return self.append_only_violation() is None
-
-    def check_append_only(self):
-        "Raise a ValueError naming the first step whose observation is not the previous one extended."
-        v = self.append_only_violation()
-        if v is not None:
-            k, pos = v
-            raise ValueError(f"trajectory {self.uid!r} is not append-only: step {k}'s obs_ids is not step {k - 1}'s "
-                             f"obs_ids + action_ids + env_ids (they differ at position {pos}), so there is no single "
-                             "growing sequence; use one row per step (masks.step_layout) instead")
-
-    def sequence_ids(self) -> list[int]:
-        "The whole episode as one token sequence: the prompt, then each action and its `env_ids` (append-only only)."
-        self.check_append_only()
-        ids = self.prompt_ids
-        for s in self.steps:
-            ids += s.action_ids + s.env_ids
-        return ids
-
-    def token_roles(self) -> list[str]:
-        "Who produced each token of `sequence_ids()`: 'prompt', 'model', 'tool' or 'template'."
-        self.check_append_only()
-        roles = ["prompt"] * len(self.steps[0].obs_ids)
-        for s in self.steps:
-            roles += ["model"] * len(s.action_ids)
-            # without labels, the environment's tokens can only be called its content
-            roles += list(s.env_roles) if s.env_roles is not None else ["tool"] * len(s.env_ids)
-        return roles
-
-    # ---- plain data
-    def to_dict(self) -> dict:
-        "Plain Python data (lists, numbers, strings): what JSON and parquet store."
-        return {"uid": self.uid, "group": self.group, "outcome_reward": self.outcome_reward,
-                "metadata": self.metadata, "steps": [_step_dict(s) for s in self.steps]}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Trajectory:
-        "Rebuild a trajectory from `to_dict()` output, checking every field again."
-        if not isinstance(d, dict):
-            raise TypeError(f"expected a dict, got {type(d).__name__}")
-        _check_keys("trajectory", d, _TRAJ_KEYS)
-        if not isinstance(d["steps"], list):
-            raise TypeError(f"steps must be a list, got {type(d['steps']).__name__}")
-        steps = []
-        for k, sd in enumerate(d["steps"]):
-            if not isinstance(sd, dict):
-                raise TypeError(f"steps[{k}] must be a dict, got {type(sd).__name__}")
-            _check_keys(f"steps[{k}]", sd, _STEP_KEYS)
-            steps.append(Step(**sd))
-        return cls(steps=steps, outcome_reward=d["outcome_reward"], uid=d["uid"], group=d["group"],
-                   metadata=d["metadata"])
-
-    def save_json(self, path: str | Path) -> Path:
-        "Write the trajectory as one JSON file (floats round-trip exactly)."
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict()), encoding="utf-8")
-        return path
-
-    @classmethod
-    def load_json(cls, path: str | Path) -> Trajectory:
-        "Read a trajectory written by `save_json`."
-        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
-
-    # ---- for people (defined further down, with the HTML helpers)
-    def transcript(self, tokenizer) -> str:
-        "The episode as readable text: each segment with who produced it, its length and, for actions, log π and reward."
-        return _transcript(self, tokenizer)
-
-    def transcript_html(self, tokenizer) -> str:
-        "The episode as HTML: tokens coloured by producer; hover shows id, producer, step and log-prob."
-        return _transcript_html(self, tokenizer)
+@patch(as_prop=True)
+def total_reward(self: Trajectory) -> float:
+    "The outcome reward plus every step reward."
+    return self.outcome_reward + sum(s.reward for s in self.steps)
 
 
-_STEP_KEYS = ("obs_ids", "action_ids", "action_logprobs", "env_ids", "action_text", "feedback", "reward",
-              "terminated", "truncated", "reason", "next_obs_ids", "env_roles", "info")
-_TRAJ_KEYS = ("uid", "group", "outcome_reward", "metadata", "steps")
+# %% ../nbs/01_mdp.ipynb #ec2b2423
+@patch
+def append_only_violation(self: Trajectory) -> tuple[int, int] | None:
+    "`(step, position)` of the first observation that is not the previous one with the action and `env_ids` appended; None if there is none."
+    for k in range(1, len(self.steps)):
+        p = self.steps[k - 1]
+        pos = _first_difference(self.steps[k].obs_ids, p.obs_ids + p.action_ids + p.env_ids)
+        if pos is not None:
+            return k, pos
+    return None
 
+@patch
+def is_append_only(self: Trajectory) -> bool:
+    "True when every step's `obs_ids` is the previous `obs_ids + action_ids + env_ids`."
+    return self.append_only_violation() is None
 
-def _step_dict(s: Step) -> dict:
-    return {k: (list(v) if isinstance(v, list) else v) for k, v in ((k, getattr(s, k)) for k in _STEP_KEYS)}
+@patch
+def check_append_only(self: Trajectory):
+    "Raise a ValueError naming the first step whose observation is not the previous one extended."
+    v = self.append_only_violation()
+    if v is not None:
+        k, pos = v
+        raise ValueError(f"trajectory {self.uid!r} is not append-only: step {k}'s obs_ids is not step {k - 1}'s "
+                         f"obs_ids + action_ids + env_ids (they differ at position {pos}), so there is no single "
+                         "growing sequence; use one row per step (masks.step_layout) instead")
 
+@patch
+def sequence_ids(self: Trajectory) -> list[int]:
+    "The whole episode as one token sequence: the prompt, then each action and its `env_ids` (append-only only)."
+    self.check_append_only()
+    ids = self.prompt_ids
+    for s in self.steps:
+        ids += s.action_ids + s.env_ids
+    return ids
 
-def _check_keys(what: str, d: dict, keys: Sequence[str]):
-    missing = [k for k in keys if k not in d]
-    extra = [k for k in d if k not in keys]
-    if missing:
-        raise ValueError(f"{what} is missing field(s) {missing}")
-    if extra:
-        raise ValueError(f"{what} has unknown field(s) {extra}")
+@patch
+def token_roles(self: Trajectory) -> list[str]:
+    "Who produced each token of `sequence_ids()`: 'prompt', 'model', 'tool' or 'template'."
+    self.check_append_only()
+    roles = ["prompt"] * len(self.steps[0].obs_ids)
+    for s in self.steps:
+        roles += ["model"] * len(s.action_ids)
+        # without labels, the environment's tokens can only be called its content
+        roles += list(s.env_roles) if s.env_roles is not None else ["tool"] * len(s.env_ids)
+    return roles
+
 
 # %% ../nbs/01_mdp.ipynb #6f4b961d
 def encode_segments(
@@ -357,6 +304,64 @@ def encode_segments(
             best = next(((0, 0, lab) for a, b, lab in bounds if a <= start < b), (0, 0, bounds[-1][2]))
         labels.append(best[2])
     return list(enc["input_ids"]), labels
+
+# %% ../nbs/01_mdp.ipynb #c2c68990
+_STEP_KEYS = ("obs_ids", "action_ids", "action_logprobs", "env_ids", "action_text", "feedback", "reward",
+              "terminated", "truncated", "reason", "next_obs_ids", "env_roles", "info")
+_TRAJ_KEYS = ("uid", "group", "outcome_reward", "metadata", "steps")
+
+
+def _step_dict(s: Step) -> dict:
+    return {k: (list(v) if isinstance(v, list) else v) for k, v in ((k, getattr(s, k)) for k in _STEP_KEYS)}
+
+
+def _check_keys(what: str, d: dict, keys: Sequence[str]):
+    missing = [k for k in keys if k not in d]
+    extra = [k for k in d if k not in keys]
+    if missing:
+        raise ValueError(f"{what} is missing field(s) {missing}")
+    if extra:
+        raise ValueError(f"{what} has unknown field(s) {extra}")
+
+
+@patch
+def to_dict(self: Trajectory) -> dict:
+    "Plain Python data (lists, numbers, strings): what JSON and parquet store."
+    return {"uid": self.uid, "group": self.group, "outcome_reward": self.outcome_reward,
+            "metadata": self.metadata, "steps": [_step_dict(s) for s in self.steps]}
+
+@patch(cls_method=True)
+def from_dict(cls: Trajectory, d: dict) -> Trajectory:
+    "Rebuild a trajectory from `to_dict()` output, checking every field again."
+    if not isinstance(d, dict):
+        raise TypeError(f"expected a dict, got {type(d).__name__}")
+    _check_keys("trajectory", d, _TRAJ_KEYS)
+    if not isinstance(d["steps"], list):
+        raise TypeError(f"steps must be a list, got {type(d['steps']).__name__}")
+    steps = []
+    for k, sd in enumerate(d["steps"]):
+        if not isinstance(sd, dict):
+            raise TypeError(f"steps[{k}] must be a dict, got {type(sd).__name__}")
+        _check_keys(f"steps[{k}]", sd, _STEP_KEYS)
+        steps.append(Step(**sd))
+    return cls(steps=steps, outcome_reward=d["outcome_reward"], uid=d["uid"], group=d["group"],
+               metadata=d["metadata"])
+
+
+# %% ../nbs/01_mdp.ipynb #398d5d3e
+@patch
+def save_json(self: Trajectory, path: str | Path) -> Path:
+    "Write the trajectory as one JSON file (floats round-trip exactly)."
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(self.to_dict()), encoding="utf-8")
+    return path
+
+@patch(cls_method=True)
+def load_json(cls: Trajectory, path: str | Path) -> Trajectory:
+    "Read a trajectory written by `save_json`."
+    return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+
 
 # %% ../nbs/01_mdp.ipynb #09abd1fb
 def _schema():
@@ -528,6 +533,18 @@ def _transcript_html(self: Trajectory, tokenizer) -> str:
             titles.append(t + (f" · log π {lps[j]:.3f}" if lps is not None else ""))
     head = f"<div style='font-size:12px;margin-bottom:4px'><b>{html.escape(_header(self))}</b></div>"
     return head + tokens_html(texts, roles, titles=titles)
+
+# %% ../nbs/01_mdp.ipynb #0b625f1a
+@patch
+def transcript(self: Trajectory, tokenizer) -> str:
+    "The episode as readable text: each segment with who produced it, its length and, for actions, log π and reward."
+    return _transcript(self, tokenizer)
+
+@patch
+def transcript_html(self: Trajectory, tokenizer) -> str:
+    "The episode as HTML: tokens coloured by producer; hover shows id, producer, step and log-prob."
+    return _transcript_html(self, tokenizer)
+
 
 # %% ../nbs/01_mdp.ipynb #8a58e63a
 def plot_timeline(
