@@ -10,7 +10,9 @@ import html
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
+
+from fastcore.basics import patch
 
 from .core import Registry
 from agent_r1_tutorial.tools import (
@@ -61,7 +63,7 @@ def _as_action(action) -> Action:
 def _copy(messages: list[dict]) -> list[dict]:
     return [dict(m) for m in messages]
 
-# %% ../nbs/05_envs.ipynb #7bd12492
+# %% ../nbs/05_envs.ipynb #bb2b31c2
 _ENDS = ("answer", "no_tool_call", "max_new_tokens", "max_turns", "max_tokens")
 
 
@@ -97,32 +99,6 @@ class AgentEnv:
         finally:
             self._busy = False
 
-    def _begin(self, action) -> Action:
-        if not getattr(self, "_started", False):
-            raise RuntimeError(f"{type(self).__name__}: call reset() before step()")
-        if self._done:
-            raise RuntimeError(f"{type(self).__name__}: the episode has ended ({self.end_reason}); "
-                               "call reset() to start a new one")
-        if self._busy:
-            raise RuntimeError(f"{type(self).__name__}: step() called while another step is running")
-        action = _as_action(action)
-        self._busy = True
-        return action
-
-    def _finish(self, out) -> tuple[Observation, float, bool, bool, dict]:
-        if not (isinstance(out, tuple) and len(out) == 5):
-            raise TypeError(f"{type(self).__name__}._step must return a 5-tuple, got {type(out).__name__}")
-        obs, reward, terminated, truncated, info = out
-        if not isinstance(obs, Observation) or not isinstance(info, dict):
-            raise TypeError(f"{type(self).__name__}._step must return (Observation, float, bool, bool, dict)")
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
-            raise ValueError(f"{type(self).__name__}._step returned a reward that is not a finite number: {reward!r}")
-        if terminated and truncated:
-            raise ValueError(f"{type(self).__name__}._step returned terminated and truncated together")
-        if terminated or truncated:
-            self._done, self.end_reason = True, info.get("reason")
-        return obs, float(reward), bool(terminated), bool(truncated), info
-
     def _reset(self, **task) -> Observation:
         raise NotImplementedError(f"{type(self).__name__} must implement _reset(**task)")
 
@@ -139,6 +115,39 @@ class AgentEnv:
         return self._done
 
 
+# %% ../nbs/05_envs.ipynb #751d0d75
+@patch
+def _begin(self: AgentEnv, action) -> Action:
+    "Check the episode can take a step now; the action as an `Action`."
+    if not getattr(self, "_started", False):
+        raise RuntimeError(f"{type(self).__name__}: call reset() before step()")
+    if self._done:
+        raise RuntimeError(f"{type(self).__name__}: the episode has ended ({self.end_reason}); "
+                           "call reset() to start a new one")
+    if self._busy:
+        raise RuntimeError(f"{type(self).__name__}: step() called while another step is running")
+    action = _as_action(action)
+    self._busy = True
+    return action
+
+@patch
+def _finish(self: AgentEnv, out) -> tuple[Observation, float, bool, bool, dict]:
+    "Check what `_step` returned, and note the end of the episode."
+    if not (isinstance(out, tuple) and len(out) == 5):
+        raise TypeError(f"{type(self).__name__}._step must return a 5-tuple, got {type(out).__name__}")
+    obs, reward, terminated, truncated, info = out
+    if not isinstance(obs, Observation) or not isinstance(info, dict):
+        raise TypeError(f"{type(self).__name__}._step must return (Observation, float, bool, bool, dict)")
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+        raise ValueError(f"{type(self).__name__}._step returned a reward that is not a finite number: {reward!r}")
+    if terminated and truncated:
+        raise ValueError(f"{type(self).__name__}._step returned terminated and truncated together")
+    if terminated or truncated:
+        self._done, self.end_reason = True, info.get("reason")
+    return obs, float(reward), bool(terminated), bool(truncated), info
+
+
+# %% ../nbs/05_envs.ipynb #e47f5d87
 _ENVS = Registry("environment", base=AgentEnv)
 
 
@@ -164,6 +173,7 @@ def list_envs() -> list[str]:
     return _ENVS.names()
 
 
+# %% ../nbs/05_envs.ipynb #77a3d587
 class EnvStepError(RuntimeError):
     "An environment of a batch raised in `step`: which one (`index`), and what it raised (the `__cause__`)."
 
@@ -191,6 +201,7 @@ def step_envs(
             raise r
     return out
 
+
 # %% ../nbs/05_envs.ipynb #2a73d92e
 def approx_token_count(
     messages: Sequence[dict],  # chat messages
@@ -209,7 +220,7 @@ def chat_token_counter(
         return len(tokenizer(text, add_special_tokens=False)["input_ids"])
     return count
 
-# %% ../nbs/05_envs.ipynb #33aac4d5
+# %% ../nbs/05_envs.ipynb #d83b6028
 @dataclass
 class ContextBudget:
     "What a context policy needs to know about the budget and the messages."
@@ -237,6 +248,7 @@ class FullHistory(ContextPolicy):
         return list(messages)
 
 
+# %% ../nbs/05_envs.ipynb #1f65e277
 class TrimToolOutputs(ContextPolicy):
     "Over budget, shorten the oldest tool outputs first, then replace them by a placeholder."
 
@@ -270,6 +282,7 @@ class TrimToolOutputs(ContextPolicy):
         return out  # best effort: the environment truncates the episode if this is still over budget
 
 
+# %% ../nbs/05_envs.ipynb #a5d1db7f
 class Summarize(ContextPolicy):
     "Over budget, replace the older turns by one summary message written by `summarize_fn`."
 
@@ -297,7 +310,8 @@ class Summarize(ContextPolicy):
             raise TypeError(f"summarize_fn must return a str, got {type(summary).__name__}")
         return out[: budget.n_protected] + [{"role": "user", "content": self.prefix + summary}] + out[cut:]
 
-# %% ../nbs/05_envs.ipynb #52ff0a69
+
+# %% ../nbs/05_envs.ipynb #11f0f894
 @register_env
 class ToolEnv(AgentEnv):
     "Multi-turn tool calling: parse, run the calls concurrently, append the results; ends on an answer or a budget."
@@ -338,107 +352,127 @@ class ToolEnv(AgentEnv):
         self.tool_timeout, self.max_tool_response_chars = tool_timeout, max_tool_response_chars
         self.max_calls_per_turn = max_calls_per_turn
 
-    def _reset(self, prompt: str | list[dict] | None = None, question: str | None = None, **task) -> Observation:
-        if (prompt is None) == (question is None):
-            raise ValueError("give the task as prompt= (messages or text) or question= (text), exactly one of them")
-        if prompt is None or isinstance(prompt, str):
-            messages = [{"role": "user", "content": question if prompt is None else prompt}]
-        elif isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt):
-            messages = _copy(prompt)
+
+# %% ../nbs/05_envs.ipynb #5a82b3e9
+@patch
+def _reset(self: ToolEnv, prompt: str | list[dict] | None = None, question: str | None = None, **task) -> Observation:
+    if (prompt is None) == (question is None):
+        raise ValueError("give the task as prompt= (messages or text) or question= (text), exactly one of them")
+    if prompt is None or isinstance(prompt, str):
+        messages = [{"role": "user", "content": question if prompt is None else prompt}]
+    elif isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt):
+        messages = _copy(prompt)
+    else:
+        raise TypeError("prompt must be a string or a list of {'role', 'content'} messages")
+    if self.system_prompt:
+        if messages[0]["role"] == "system":  # the task's own system prompt comes first, then the instructions
+            messages[0] = {"role": "system", "content": f"{messages[0]['content']}\n\n{self.system_prompt}"}
         else:
-            raise TypeError("prompt must be a string or a list of {'role', 'content'} messages")
-        if self.system_prompt:
-            if messages[0]["role"] == "system":  # the task's own system prompt comes first, then the instructions
-                messages[0] = {"role": "system", "content": f"{messages[0]['content']}\n\n{self.system_prompt}"}
-            else:
-                messages.insert(0, {"role": "system", "content": self.system_prompt})
-        self.task = {"prompt": prompt, "question": question, **task}
-        self.history, self.context = _copy(messages), _copy(messages)
-        self.turn, self.step_rewards, self.tool_rewards, self.infos = 0, [], [], []
-        self.budget = ContextBudget(self.count_tokens, self.max_tokens, len(messages), self.format.is_result_message)
-        if not self.budget.fits(messages):
-            raise ValueError(f"the task's prompt alone has {self.count_tokens(messages)} tokens, more than "
-                             f"max_tokens={self.max_tokens}: raise the budget or filter such tasks out")
-        return Observation(_copy(self.context), self.tool_schemas)
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+    self.task = {"prompt": prompt, "question": question, **task}
+    self.history, self.context = _copy(messages), _copy(messages)
+    self.turn, self.step_rewards, self.tool_rewards, self.infos = 0, [], [], []
+    self.budget = ContextBudget(self.count_tokens, self.max_tokens, len(messages), self.format.is_result_message)
+    if not self.budget.fits(messages):
+        raise ValueError(f"the task's prompt alone has {self.count_tokens(messages)} tokens, more than "
+                         f"max_tokens={self.max_tokens}: raise the budget or filter such tasks out")
+    return Observation(_copy(self.context), self.tool_schemas)
 
-    def _call_reward(self, call: ToolCall | None, result: ToolResult) -> float:
-        if not result.ok:
-            return float(self.invalid_call_reward)
-        r = result.reward
-        if self.process_reward_fn is not None:
-            custom = self.process_reward_fn(call, result, self.task)
-            r = custom if custom is not None else r
-        return float(r or 0.0)
 
-    async def _astep(self, action: Action):
-        self.turn += 1
-        parsed = self.format.parse(action.text)
-        new = [{"role": "assistant", "content": action.text}]
-        info = {"turn": self.turn, "reason": None, "answer": parsed.answer, "parse_errors": list(parsed.errors),
-                "n_calls": 0, "n_valid_calls": 0, "n_invalid_calls": 0, "tool_rewards": [], "tool_results": [],
-                "outcome_reward": None, "context_rewritten": False}
-        terminated = truncated = False
-        reward, reason = 0.0, None
-        if parsed.answer is not None:
-            terminated, reason = True, "answer"
-            info["ignored_calls"] = len(parsed.calls)
-        elif not parsed.calls and not parsed.errors and action.stop_reason == "length":
-            truncated, reason = True, "max_new_tokens"  # cut off mid-turn: the model did not choose to stop
-        elif not parsed.calls and not parsed.errors:
-            terminated, reason = True, "no_tool_call"
-        else:
-            calls, refused = parsed.calls, []
-            if self.max_calls_per_turn is not None and len(calls) > self.max_calls_per_turn:
-                calls, refused = calls[: self.max_calls_per_turn], calls[self.max_calls_per_turn:]
-            results = await arun_tool_calls(calls, self.tools, timeout=self.tool_timeout,
-                                            max_chars=self.max_tool_response_chars)
-            results += [ToolResult.error(f"too many calls in one turn: only the first {self.max_calls_per_turn} ran, "
-                                         f"'{c.name}' did not", "too_many_calls") for c in refused]
-            results += [ToolResult.error(e, "parse_error") for e in parsed.errors]
-            all_calls = [*calls, *refused, *[None] * len(parsed.errors)]
-            rewards = [self._call_reward(c, r) for c, r in zip(all_calls, results)]
-            new += self.format.format_results(results)
-            reward = sum(rewards)
-            info.update(n_calls=len(results), n_valid_calls=sum(r.ok for r in results),
-                        n_invalid_calls=sum(not r.ok for r in results), tool_rewards=rewards, tool_results=results)
-        if terminated:
-            if self.reward_fn is not None:
-                outcome = self.reward_fn(parsed.answer, self.task)
-                try:
-                    value = float(outcome)
-                except (TypeError, ValueError):
-                    value = math.nan
-                if not math.isfinite(value):  # caught here, it names the reward function, not a NaN loss later
-                    raise ValueError(f"reward_fn returned {outcome!r} for the answer {str(parsed.answer)[:80]!r}: "
-                                     "an outcome reward must be a finite number")
-                info["outcome_reward"] = value
-                reward += info["outcome_reward"]
-            context = self.context + new
-        else:
-            context = self.context_policy(self.context + new, self.budget)
-            info["context_rewritten"] = context != self.context + new
-        self.history += _copy(new)
-        self.context = context
-        if self.max_tokens is not None or self.count_tokens is not approx_token_count:
-            info["n_tokens"] = self.count_tokens(context)
-        if not (terminated or truncated):
-            if not self.budget.fits(context):
-                truncated, reason = True, "max_tokens"
-            elif self.turn >= self.max_turns:
-                truncated, reason = True, "max_turns"
-        info["reason"] = reason
-        self.step_rewards.append(reward)
-        self.tool_rewards.append(info["tool_rewards"])
-        self.infos.append(info)
-        return Observation(_copy(context), self.tool_schemas), reward, terminated, truncated, info
+# %% ../nbs/05_envs.ipynb #38b98d46
+@patch
+def _call_reward(self: ToolEnv, call: ToolCall | None, result: ToolResult) -> float:
+    "One call's step reward: `invalid_call_reward` when it failed, else the tool's (or `process_reward_fn`'s)."
+    if not result.ok:
+        return float(self.invalid_call_reward)
+    r = result.reward
+    if self.process_reward_fn is not None:
+        custom = self.process_reward_fn(call, result, self.task)
+        r = custom if custom is not None else r
+    return float(r or 0.0)
 
-    def _step(self, action: Action):
-        return _run_sync(self._astep(action))
 
-    def transcript(self, title: str | None = None) -> Transcript:
-        "The episode so far (the full history, whatever the context policy showed the model), ready to display."
-        return Transcript(self.history, self.step_rewards, [i["reason"] for i in self.infos],
-                          is_tool_output=self.format.is_result_message, n_prompt=self.budget.n_protected, title=title)
+@patch
+async def _run_calls(self: ToolEnv, parsed, new: list[dict], info: dict) -> float:
+    "Run a turn's calls (at most `max_calls_per_turn`), append their results to `new`; the calls' summed reward."
+    calls, refused = parsed.calls, []
+    if self.max_calls_per_turn is not None and len(calls) > self.max_calls_per_turn:
+        calls, refused = calls[: self.max_calls_per_turn], calls[self.max_calls_per_turn:]
+    results = await arun_tool_calls(calls, self.tools, timeout=self.tool_timeout,
+                                    max_chars=self.max_tool_response_chars)
+    results += [ToolResult.error(f"too many calls in one turn: only the first {self.max_calls_per_turn} ran, "
+                                 f"'{c.name}' did not", "too_many_calls") for c in refused]
+    results += [ToolResult.error(e, "parse_error") for e in parsed.errors]
+    all_calls = [*calls, *refused, *[None] * len(parsed.errors)]
+    rewards = [self._call_reward(c, r) for c, r in zip(all_calls, results)]
+    new += self.format.format_results(results)
+    info.update(n_calls=len(results), n_valid_calls=sum(r.ok for r in results),
+                n_invalid_calls=sum(not r.ok for r in results), tool_rewards=rewards, tool_results=results)
+    return sum(rewards)
+
+
+@patch
+def _outcome(self: ToolEnv, answer: str | None) -> float:
+    "The outcome reward of a final answer, checked to be a finite number (the error names the reward function)."
+    outcome = self.reward_fn(answer, self.task)
+    try:
+        value = float(outcome)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not math.isfinite(value):  # caught here, it names the reward function, not a NaN loss later
+        raise ValueError(f"reward_fn returned {outcome!r} for the answer {str(answer)[:80]!r}: "
+                         "an outcome reward must be a finite number")
+    return value
+
+
+# %% ../nbs/05_envs.ipynb #79cc0803
+@patch
+async def _astep(self: ToolEnv, action: Action):
+    self.turn += 1
+    parsed = self.format.parse(action.text)
+    new = [{"role": "assistant", "content": action.text}]
+    info = {"turn": self.turn, "reason": None, "answer": parsed.answer, "parse_errors": list(parsed.errors),
+            "n_calls": 0, "n_valid_calls": 0, "n_invalid_calls": 0, "tool_rewards": [], "tool_results": [],
+            "outcome_reward": None, "context_rewritten": False}
+    terminated = truncated = False
+    reward, reason = 0.0, None
+    if parsed.answer is not None:
+        terminated, reason = True, "answer"
+        info["ignored_calls"] = len(parsed.calls)
+    elif not parsed.calls and not parsed.errors and action.stop_reason == "length":
+        truncated, reason = True, "max_new_tokens"  # cut off mid-turn: the model did not choose to stop
+    elif not parsed.calls and not parsed.errors:
+        terminated, reason = True, "no_tool_call"
+    else:
+        reward = await self._run_calls(parsed, new, info)
+    if terminated:
+        if self.reward_fn is not None:
+            info["outcome_reward"] = self._outcome(parsed.answer)
+            reward += info["outcome_reward"]
+        context = self.context + new
+    else:
+        context = self.context_policy(self.context + new, self.budget)
+        info["context_rewritten"] = context != self.context + new
+    self.history += _copy(new)
+    self.context = context
+    if self.max_tokens is not None or self.count_tokens is not approx_token_count:
+        info["n_tokens"] = self.count_tokens(context)
+    if not (terminated or truncated):
+        if not self.budget.fits(context):
+            truncated, reason = True, "max_tokens"
+        elif self.turn >= self.max_turns:
+            truncated, reason = True, "max_turns"
+    info["reason"] = reason
+    self.step_rewards.append(reward)
+    self.tool_rewards.append(info["tool_rewards"])
+    self.infos.append(info)
+    return Observation(_copy(context), self.tool_schemas), reward, terminated, truncated, info
+
+
+@patch
+def _step(self: ToolEnv, action: Action):
+    return _run_sync(self._astep(action))
+
 
 # %% ../nbs/05_envs.ipynb #aebcfa9f
 _ROLE_STYLE = {  # (label colour, background)
@@ -500,3 +534,11 @@ class Transcript:
             lines.append(f"--- {label}" + (f"  [{note}]" if note else ""))
             lines.append(content)
         return "\n".join(lines)
+
+# %% ../nbs/05_envs.ipynb #6cb77005
+@patch
+def transcript(self: ToolEnv, title: str | None = None) -> Transcript:
+    "The episode so far (the full history, whatever the context policy showed the model), ready to display."
+    return Transcript(self.history, self.step_rewards, [i["reason"] for i in self.infos],
+                      is_tool_output=self.format.is_result_message, n_prompt=self.budget.n_protected, title=title)
+
