@@ -73,6 +73,21 @@ def _policy_inputs(old_log_prob, log_prob, advantages, response_mask, rollout_is
             _check_float(x, name, shape, ref="log_prob", where=response_mask)
 
 
+def _clipped_surrogate_end(
+    pg_losses, loss_clipped, loss_unclipped, log_ratio, response_mask, loss_agg_mode, rollout_is_weights,
+    clipfrac_lower,  # the share of tokens the dual clip capped, or 0.0 where there is none
+) -> tuple[torch.Tensor, dict[str, float]]:
+    "What every clipped surrogate ends with: importance weights, aggregation, and verl's three metrics."
+    if rollout_is_weights is not None:
+        pg_losses = pg_losses * rollout_is_weights
+    loss = agg_loss(pg_losses, response_mask, loss_agg_mode)
+    with torch.no_grad():
+        metrics = {"actor/pg_clipfrac": masked_mean((loss_clipped > loss_unclipped).float(), response_mask).item(),
+                   "actor/ppo_kl": masked_mean(-log_ratio, response_mask).item(),
+                   "actor/pg_clipfrac_lower": float(clipfrac_lower)}
+    return loss, metrics
+
+
 def compute_policy_loss_vanilla(
     old_log_prob: torch.Tensor,  # (batch, T) log-probs of the sampled tokens under the policy that sampled them
     log_prob: torch.Tensor,  # (batch, T) the same under the policy being trained (carries the gradient)
@@ -92,17 +107,10 @@ def compute_policy_loss_vanilla(
     loss_ppo = torch.maximum(loss_unclipped, loss_clipped)  # the pessimistic of the two
     loss_dual = torch.minimum(loss_ppo, -advantages * c)  # capped at c*|A| ...
     pg_losses = torch.where(advantages < 0, loss_dual, loss_ppo)  # ... where A < 0 only
-    if rollout_is_weights is not None:
-        pg_losses = pg_losses * rollout_is_weights
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode)
     with torch.no_grad():
-        metrics = {
-            "actor/pg_clipfrac": masked_mean((loss_clipped > loss_unclipped).float(), response_mask).item(),
-            "actor/ppo_kl": masked_mean(-log_ratio, response_mask).item(),
-            "actor/pg_clipfrac_lower": masked_mean(((loss_ppo > -advantages * c) & (advantages < 0)).float(),
-                                                   response_mask).item(),
-        }
-    return loss, metrics
+        lower = masked_mean(((loss_ppo > -advantages * c) & (advantages < 0)).float(), response_mask).item()
+    return _clipped_surrogate_end(pg_losses, loss_clipped, loss_unclipped, log_ratio, response_mask, loss_agg_mode,
+                                  rollout_is_weights, lower)
 
 # %% ../nbs/09_losses.ipynb #e28d1939
 def compute_policy_loss_gspo(
@@ -124,17 +132,9 @@ def compute_policy_loss_gspo(
     ratio = torch.exp(torch.clamp(log_s, max=10.0))
     loss_unclipped = -advantages * ratio
     loss_clipped = -advantages * torch.clamp(ratio, 1 - low, 1 + high)
-    pg_losses = torch.maximum(loss_unclipped, loss_clipped)
-    if rollout_is_weights is not None:
-        pg_losses = pg_losses * rollout_is_weights
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode)
-    with torch.no_grad():
-        metrics = {
-            "actor/pg_clipfrac": masked_mean((loss_clipped > loss_unclipped).float(), response_mask).item(),
-            "actor/ppo_kl": masked_mean(-log_ratio, response_mask).item(),
-            "actor/pg_clipfrac_lower": 0.0,
-        }
-    return loss, metrics
+    pg_losses = torch.maximum(loss_unclipped, loss_clipped)  # no dual clip in GSPO
+    return _clipped_surrogate_end(pg_losses, loss_clipped, loss_unclipped, log_ratio, response_mask, loss_agg_mode,
+                                  rollout_is_weights, 0.0)
 
 # %% ../nbs/09_losses.ipynb #19a89497
 _KL_NAMES = {"kl": "k1", "k1": "k1", "abs": "abs", "mse": "k2", "k2": "k2", "low_var_kl": "k3", "k3": "k3"}

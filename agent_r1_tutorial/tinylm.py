@@ -18,7 +18,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 # %% auto #0
 __all__ = ['PAD_TOKEN', 'IM_START', 'IM_END', 'TOOL_CALL_START', 'TOOL_CALL_END', 'TOOL_RESPONSE_START', 'TOOL_RESPONSE_END',
            'THINK_START', 'THINK_END', 'SPECIAL_TOKENS', 'TAG_TOKENS', 'CHAT_TEMPLATE', 'train_tokenizer',
-           'toy_conversations', 'tiny_qwen2', 'n_params', 'build_tiny_lm']
+           'toy_conversations', 'tiny_qwen2', 'n_params', 'build_tiny_lm', 'warm_up']
 
 # %% ../nbs/00a_tinylm.ipynb #7e7e71c5
 PAD_TOKEN = "<|endoftext|>"
@@ -214,3 +214,25 @@ def build_tiny_lm(
     texts = toy_conversations(300, seed=seed) if texts is None else texts
     tokenizer = train_tokenizer(texts, vocab_size=vocab_size)
     return tokenizer, tiny_qwen2(tokenizer, seed=seed, **model_kwargs)
+
+# %% ../nbs/00a_tinylm.ipynb #add76989
+def warm_up(
+    model,  # a causal LM to train in place (e.g. `tiny_qwen2`)
+    tokenizer,  # its tokenizer
+    steps: int = 30,  # optimizer steps of 8 rows each
+    seed: int = 0,  # the conversations and the row order
+    lr: float = 3e-3,
+) -> tuple:  # (the model in eval mode, the last step's loss)
+    "A few seconds of next-token training on toy conversations, packed into 128-token rows."
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    ids = [i for t in toy_conversations(200, seed=seed + 1) for i in tokenizer.encode(t, add_special_tokens=False)]
+    rows = torch.tensor(ids[: len(ids) // 128 * 128]).view(-1, 128)
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(steps):
+        batch = rows[torch.randint(len(rows), (8,), generator=gen)]
+        loss = model(input_ids=batch, labels=batch).loss
+        opt.zero_grad(); loss.backward(); opt.step()
+    return model.eval(), loss.item()

@@ -17,27 +17,11 @@ from agent_r1_tutorial.masks import random_trajectory
 from agent_r1_tutorial.mdp import (ENV_ROLES, PRODUCERS, Step, Trajectory, encode_segments, plot_timeline,
                                    tokens_html, trajectories_from_parquet, trajectories_to_frame,
                                    trajectories_to_parquet)
-from agent_r1_tutorial.tinylm import IM_END, IM_START, TOOL_RESPONSE_END, TOOL_RESPONSE_START, build_tiny_lm, tiny_qwen2
+from agent_r1_tutorial.tinylm import IM_END, IM_START, TOOL_RESPONSE_END, TOOL_RESPONSE_START
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    "Tiny models gain nothing from intra-op threads, and on a shared CPU the threads contend badly."
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return build_tiny_lm(seed=0)[0]
-
-
-@pytest.fixture(scope="module")
-def small_model(tok):
-    return tiny_qwen2(tok, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                      seed=1).eval()
+# the same single-thread setting and tiny models as the masks tests (pytest finds fixtures imported here)
+from test_masks import one_thread, small_model, tok  # noqa: F401,E402
 
 
 def toy_trajectory(seed: int, append_only: bool = True) -> Trajectory:
