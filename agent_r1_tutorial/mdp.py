@@ -195,6 +195,7 @@ class Trajectory:
 
 
 # %% ../nbs/01_mdp.ipynb #f7fe0edb
+# (exported without API entries: each is one line, and the names say what they are)
 @patch(as_prop=True)
 def prompt_ids(self: Trajectory) -> list[int]:
     "The first observation: the prompt as the policy saw it."

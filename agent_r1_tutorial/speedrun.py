@@ -20,6 +20,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 import torch
+from fastcore.basics import patch
 
 from .core import MetricsLogger, env_report, env_report_md, in_test, read_jsonl, seed_everything
 from .tinylm import train_tokenizer, tiny_qwen2
@@ -32,15 +33,16 @@ from .rewards import exact_match, numbers_match
 from .trainer import ALGORITHMS, Trainer, TrainerConfig, latest_checkpoint
 
 # %% auto #0
-__all__ = ['ORG_SUFFIXES', 'ONE_HOP', 'TWO_HOP', 'TASKS', 'RETRIEVERS', 'COPY_ENOUGH', 'STAGE_NAMES', 'World', 'make_world',
-           'make_questions', 'Split', 'make_split', 'CachedEncoder', 'NoSearch', 'search_reward', 'WorldSearchTool',
-           'WorldSearch', 'parse_question', 'search_call', 'stops_early', 'search_expert', 'play', 'arith_problem',
-           'make_arith_tasks', 'arith_reward', 'arith_env', 'arith_expert', 'SpeedrunConfig', 'Suite', 'build_suite',
-           'expert_trajectories', 'build_tokenizer', 'longest_turn', 'check_turn_budget', 'sft_loss',
-           'pretrain_batches', 'search_drill', 'arith_drill', 'collate_drills', 'drill_batches', 'copy_accuracy',
-           'copy_signal', 'sft_batches', 'train_lm', 'episode_record', 'evaluate_agent', 'rl_signal',
-           'rl_trainer_config', 'run_speedrun', 'plot_run', 'em_timeline', 'plot_em_over_time', 'write_report',
-           'episode_html', 'trajectory_browser', 'fresh_world', 'ask']
+__all__ = ['ORG_SUFFIXES', 'ONE_HOP', 'TWO_HOP', 'TASKS', 'RETRIEVERS', 'DRILL_KINDS', 'COPY_ENOUGH', 'STAGE_NAMES', 'RL_FIELDS',
+           'World', 'make_world', 'make_questions', 'Split', 'make_split', 'CachedEncoder', 'NoSearch', 'search_reward',
+           'WorldSearchTool', 'WorldSearch', 'parse_question', 'search_call', 'stops_early', 'search_expert', 'play',
+           'arith_problem', 'make_arith_tasks', 'arith_reward', 'arith_env', 'arith_expert', 'SpeedrunConfig',
+           'parse_set_value', 'Suite', 'build_suite', 'expert_trajectories', 'build_tokenizer', 'longest_turn',
+           'check_turn_budget', 'sft_loss', 'pretrain_batches', 'search_drill', 'arith_drill', 'collate_drills',
+           'drill_batches', 'copy_accuracy', 'copy_check_kinds', 'copy_signal', 'sft_batches', 'train_lm',
+           'episode_record', 'evaluate_agent', 'rl_signal', 'rl_trainer_config', 'run_speedrun', 'plot_run',
+           'em_timeline', 'plot_em_over_time', 'write_report', 'fork_after_sft', 'episode_html', 'trajectory_browser',
+           'fresh_world', 'ask']
 
 # %% ../nbs/11_speedrun.ipynb #42b22e8f
 _CONSONANTS, _VOWELS = "bdfgklmnprstvz", "aeiou"
@@ -444,6 +446,7 @@ def arith_expert(context: str, think: bool = True) -> str:
 # %% ../nbs/11_speedrun.ipynb #cf99d7b3
 TASKS = ("search", "arith")
 RETRIEVERS = ("dense", "bm25")
+DRILL_KINDS = (0, 1, 2, 3)  # the search drills `search_drill` writes
 
 
 @dataclass
@@ -471,12 +474,15 @@ class SpeedrunConfig:
     # --- model
     hidden_size: int = 128
     num_layers: int = 2  # copying (an induction head) needs two; an SFT step takes ~0.25 s on 2 cores
+    num_heads: int = 4  # attention heads (hidden_size must divide by it)
+    num_kv_heads: int = 2  # key/value heads, shared by groups of query heads (num_heads must divide by it)
     # --- warm-ups: a language model on the passages (off by default), copying drills; then SFT
     pretrain_steps: int = 0
     pretrain_batch: int = 64
     drill_steps: int = 500
     drill_batch: int = 64
     drill_fresh: bool = False  # search drills on newly drawn worlds, so their names are never seen twice
+    drill_kinds: tuple = (0, 1, 2)  # search drills: 0 query, 1 quoted sentence, 2 answer, 3 the object of a quote
     sft_steps: int = 1300
     sft_batch: int = 16
     sft_lr: float = 3e-3
@@ -505,6 +511,9 @@ class SpeedrunConfig:
         if self.retriever not in RETRIEVERS:
             raise ValueError(f"unknown retriever {self.retriever!r}; choose one of {list(RETRIEVERS)}")
         self.world_size, self.sft_hops, self.rl_hops = tuple(self.world_size), tuple(self.sft_hops), tuple(self.rl_hops)
+        self.drill_kinds = tuple(self.drill_kinds)
+        if not self.drill_kinds or any(k not in DRILL_KINDS for k in self.drill_kinds):
+            raise ValueError(f"drill_kinds must be a non-empty selection of {DRILL_KINDS}, got {self.drill_kinds!r}")
         for name in ("sft_hops", "rl_hops"):
             v = getattr(self, name)
             if not v or any(h not in (1, 2) for h in v):
@@ -513,12 +522,16 @@ class SpeedrunConfig:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v <= 1:
                 raise ValueError(f"{name} must be a number from 0 to 1, got {v!r}")
-        for name in ("train_worlds", "eval_worlds", "per_world", "eval_per_world", "hidden_size", "num_layers",
+        for name in ("train_worlds", "eval_worlds", "per_world", "eval_per_world", "hidden_size", "num_layers", "num_heads",
+                     "num_kv_heads",
                      "pretrain_batch", "drill_batch", "sft_batch", "prompts_per_step", "group_size", "max_new_tokens",
                      "max_turns", "search_k"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise ValueError(f"hidden_size ({self.hidden_size}) must divide by num_heads ({self.num_heads}), which must "
+                             f"divide by num_kv_heads ({self.num_kv_heads})")
         for name in ("filter_groups", "bypass_mode", "think", "drill_fresh", "plan"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
@@ -542,6 +555,38 @@ class SpeedrunConfig:
         if bad:
             raise ValueError(f"unknown option(s) {sorted(bad)}; SpeedrunConfig has {[f.name for f in dataclasses.fields(cls)]}")
         return cls(**{**presets[name], **overrides})
+
+# %% ../nbs/11_speedrun.ipynb #58c62823
+_TUPLE_FIELDS = ("sft_hops", "rl_hops", "world_size", "drill_kinds")
+
+
+def parse_set_value(v: str):
+    "A --set value: JSON where it parses (numbers, true, lists), a comma list of ints as a tuple, else the string."
+    try:
+        return json.loads(v)
+    except json.JSONDecodeError:
+        parts = v.split(",")
+        if all(p.strip().lstrip("-").isdigit() for p in parts):
+            return tuple(int(p) for p in parts)
+        return v
+
+
+@patch(cls_method=True)
+def from_sets(
+    cls: SpeedrunConfig,
+    sets: Sequence[str],  # "KEY=VALUE" strings, as given to --set
+    preset: str = "tiny",
+    **fields,  # fields set by the caller's own options (a --set of the same field wins)
+) -> SpeedrunConfig:
+    "A configuration from a preset, the caller's fields and `--set KEY=VALUE` overrides; bad input names itself."
+    over = {}
+    for s in sets:
+        key, eq, value = str(s).partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"--set needs KEY=VALUE, got {s!r}")
+        v = parse_set_value(value)
+        over[key.strip()] = (v,) if key.strip() in _TUPLE_FIELDS and isinstance(v, int) else v
+    return cls.preset(preset, **{**fields, **over})
 
 # %% ../nbs/11_speedrun.ipynb #82d0fab0
 @dataclass
@@ -597,10 +642,10 @@ def build_suite(cfg: SpeedrunConfig, encoder: CachedEncoder | None = None) -> Su
     return Suite([t for t in tr.tasks if t["hops"] in cfg.rl_hops], sft, ev.tasks, train_env, eval_env, no_tool,
                  lambda ctx: search_expert(ctx, think=cfg.think, stop_early=stop, salt=salt, plan=cfg.plan),
                  [d["text"] for w in tr.worlds for d in w.passages()],
-                 lambda rng: search_drill(tr.worlds, rng, cfg.search_k, cfg.drill_fresh, ev_names), time.perf_counter() - t0,
+                 lambda rng: search_drill(tr.worlds, rng, cfg.search_k, cfg.drill_fresh, ev_names, cfg.drill_kinds), time.perf_counter() - t0,
                  flawed=lambda t: stops_early(t["question"], stop, salt),
                  # the query and answer drills on the held-out worlds (a quoted sentence may be either of two)
-                 drill_check=lambda rng: search_drill(ev.worlds, rng, cfg.search_k, kinds=(0, 2)))
+                 drill_check=lambda rng: search_drill(ev.worlds, rng, cfg.search_k, kinds=copy_check_kinds(cfg.drill_kinds)))
 
 # %% ../nbs/11_speedrun.ipynb #ec2e4fac
 def expert_trajectories(suite: Suite, tokenizer, tasks: Sequence[dict] | None = None) -> list:
@@ -679,7 +724,7 @@ def search_drill(
     k: int = 2,  # passages in a drill's tool response
     fresh: bool = False,  # draw a new world (new names) for every drill instead of a training world
     banned: set[str] | frozenset = frozenset(),  # names a fresh world must not use (the held-out worlds')
-    kinds: Sequence[int] = (0, 1, 2),  # which drills: 0 the query, 1 a quoted sentence, 2 the answer
+    kinds: Sequence[int] = (0, 1, 2),  # 0 the query, 1 a quoted sentence, 2 the answer, 3 the object of a quote
 ) -> tuple[str, str]:
     "One short copying exercise from a random world, in the agent's markup: (context, target)."
     if fresh:  # names never seen before cannot be completed from memory: only copying gets them right
@@ -693,11 +738,18 @@ def search_drill(
         call = search_call(t["chain"][0])
         cut = call.index('"query": "') + len('"query": "')
         return f"{t['question']}\n{call[:cut]}", call[cut:]
-    if kind == 1:  # a sentence of a tool response is quoted in <think>
+    if kind in (1, 3):  # a sentence of a tool response is quoted in <think>
         docs = rng.sample(w.passages(), min(k, len(w.passages())))
         sentences = [s.strip() for d in docs for s in re.findall(r"[^.]+\.", d["text"])]
         shown = "\n\n".join(f"[{i + 1}] {d['text']}" for i, d in enumerate(docs))
-        return f"<tool_response>\n{shown}\n</tool_response>\n<think>", f"{rng.choice(sentences)}</think>"
+        head = f"<tool_response>\n{shown}\n</tool_response>\n<think>"
+        facts = [m for s in sentences if (m := _SENTENCE.match(s))]
+        if kind == 1 or not facts:
+            return head, f"{rng.choice(sentences)}</think>"
+        # 3: the quote is given up to its object, and only the object is the target: the one part of a quote that
+        # must be found in the passage by content (a sentence's first object is the hard one for a tiny model)
+        m = rng.choice(facts)
+        return head + m.group(0)[:m.start(2)].rstrip(), f" {m.group(2)}."
     # the object of a quoted fact is the answer (any fact of the world: this drill needs no tool response)
     facts = [m for d in w.passages() for s in re.findall(r"[^.]+\.", d["text"]) if (m := _SENTENCE.match(s.strip()))]
     m = rng.choice(facts)
@@ -754,6 +806,11 @@ def copy_accuracy(model, tokenizer, pairs: Sequence[tuple[str, str]], batch_size
 
 
 COPY_ENOUGH = 0.9  # held-out copy accuracy after the drills above which SFT need not finish teaching copying
+
+
+def copy_check_kinds(drill_kinds: Sequence[int]) -> tuple[int, ...]:
+    "The drills the copy check measures: those with one right answer (a quoted sentence could be any of several)."
+    return tuple(k for k in drill_kinds if k != 1) or (0, 2)
 
 
 def copy_signal(drill_log: Sequence[dict], least: float = COPY_ENOUGH) -> str | None:
@@ -987,7 +1044,8 @@ def run_speedrun(
         demos = expert_trajectories(suite, tok)
         check_turn_budget(demos, cfg.max_new_tokens)
         rows = [growing_layout(t) for t in demos]
-        model = tiny_qwen2(tok, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers, seed=cfg.seed)
+        model = tiny_qwen2(tok, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers, seed=cfg.seed,
+                           num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads)
         if cfg.pretrain_steps:
             train_lm(model, pretrain_batches(tok, suite.passages, cfg.pretrain_batch, random.Random(cfg.seed)),
                      cfg.pretrain_steps, cfg.sft_lr, "pretrain", run_dir, cfg.save_every, progress=progress,
@@ -1221,6 +1279,38 @@ def write_report(run_dir: str | Path) -> Path:
               "## Machine and versions", "", env_report_md(env_report()), ""]
     (run_dir / "report.md").write_text("\n".join(lines))
     return run_dir / "report.md"
+
+# %% ../nbs/11_speedrun.ipynb #e8e73b68
+RL_FIELDS = frozenset({"algorithm", "rl_steps", "prompts_per_step", "group_size", "rl_lr", "temperature", "kl_coef",
+                       "process_reward", "threads", "filter_groups", "bypass_mode", "rl_eval_every"})
+
+
+def fork_after_sft(
+    src: str | Path,  # a run folder whose SFT stage has finished
+    dst: str | Path,  # the new run folder (must not exist)
+    cfg: SpeedrunConfig,  # its configuration: the source's, up to the fields in RL_FIELDS
+) -> Path:
+    "A new run folder holding `src`'s data and SFT stages and `cfg`, ready for `run_speedrun` to do RL and evaluate."
+    import shutil
+
+    src, dst = Path(src), Path(dst)
+    if not _done(src, "sft"):
+        raise ValueError(f"{src} holds no finished SFT stage (no .sft.done)")
+    if dst.exists():
+        raise FileExistsError(f"{dst} exists: fork into a new folder")
+    old = json.loads((src / "config.json").read_text())
+    new = json.loads(json.dumps(asdict(cfg)))
+    differ = sorted(k for k in new if new[k] != old.get(k) and k not in RL_FIELDS)
+    if differ:
+        raise ValueError(f"{src} was trained with other data or SFT settings (it differs in {differ})")
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("rl", "final_model", ".rl.done", ".eval.done",
+                                                            "episodes.jsonl", "plots", "report.md"))
+    (dst / "config.json").write_text(json.dumps(new, indent=1))
+    for name, drop in (("eval.json", ("final",)), ("stages.json", ("rl", "eval"))):
+        if (dst / name).exists():
+            data = json.loads((dst / name).read_text())
+            (dst / name).write_text(json.dumps({k: v for k, v in data.items() if k not in drop}, indent=1))
+    return dst
 
 # %% ../nbs/11_speedrun.ipynb #861da43b
 def episode_html(rec: dict) -> str:

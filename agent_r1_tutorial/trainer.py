@@ -599,10 +599,10 @@ def train(
     return history
 
 @patch
-@torch.no_grad()
 def evaluate(self: Trainer, tasks: Sequence[dict], greedy: bool = True) -> tuple[dict, list]:
     "Play each task once (greedy by default) without training; return metrics and trajectories."
-    trajs = self.rollout(list(tasks), 1, greedy=greedy, tag="eval")
+    with torch.no_grad():
+        trajs = self.rollout(list(tasks), 1, greedy=greedy, tag="eval")
     return _episode_stats(trajs), trajs
 
 

@@ -23,25 +23,21 @@ import argparse
 import copy
 import dataclasses
 import json
-import shutil
 import statistics
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
 
 
 def _cfg(preset: str, sets: list[str], **kw):
     from agent_r1_tutorial.speedrun import SpeedrunConfig
-    from speedrun import _parse_value
 
-    over = {k: _parse_value(v) for k, v in (s.split("=", 1) for s in sets)}
-    for k in ("sft_hops", "rl_hops", "world_size"):
-        if isinstance(over.get(k), int):
-            over[k] = (over[k],)
-    return SpeedrunConfig.preset(preset, **{**kw, **over})
+    try:
+        return SpeedrunConfig.from_sets(sets, preset, **kw)
+    except (ValueError, TypeError) as e:
+        raise SystemExit(f"error: {e}")
 
 
 def _total(run_dir: Path) -> dict:
@@ -107,22 +103,12 @@ def arith(args, lines: list[str]):
 
 def _copy_sft(src: Path, dst: Path, cfg):
     "Start a run folder from the data and SFT stages of another (same SFT settings), to try other RL settings."
-    if not (src / ".sft.done").exists():
-        raise SystemExit(f"error: {src} holds no finished SFT stage (no .sft.done)")
-    old = json.loads((src / "config.json").read_text())
-    new = json.loads(json.dumps(dataclasses.asdict(cfg)))
-    rl_keys = {"algorithm", "rl_steps", "prompts_per_step", "group_size", "rl_lr", "temperature", "kl_coef",
-               "process_reward", "threads", "filter_groups", "bypass_mode", "rl_eval_every"}
-    differ = sorted(k for k in new if new[k] != old.get(k) and k not in rl_keys)
-    if differ:
-        raise SystemExit(f"error: {src} was trained with other data or SFT settings (differs in {differ})")
-    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("rl", "final_model", ".rl.done", ".eval.done",
-                                                            "episodes.jsonl", "plots", "report.md"))
-    (dst / "config.json").write_text(json.dumps(new, indent=1))
-    for name, drop in (("eval.json", "final"), ("stages.json", "rl"), ("stages.json", "eval")):
-        data = json.loads((dst / name).read_text())
-        data.pop(drop, None)
-        (dst / name).write_text(json.dumps(data, indent=1))
+    from agent_r1_tutorial.speedrun import fork_after_sft
+
+    try:
+        fork_after_sft(src, dst, cfg)
+    except (ValueError, FileExistsError) as e:
+        raise SystemExit(f"error: {e}")
 
 
 def _two_search(run_dir: Path) -> float:

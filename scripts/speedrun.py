@@ -226,27 +226,13 @@ def tiny_run_dir(args) -> Path:
     return d
 
 
-def _parse_value(v: str):
-    "A --set value: JSON where it parses (numbers, true, lists), comma lists of ints as tuples, else the string."
-    try:
-        return json.loads(v)
-    except json.JSONDecodeError:
-        parts = v.split(",")
-        if all(p.strip().lstrip("-").isdigit() for p in parts):
-            return tuple(int(p) for p in parts)
-        return v
-
-
 def tiny_config(args):
+    "The tiny run's configuration: the preset, this command line's options, then every --set."
     from agent_r1_tutorial.speedrun import SpeedrunConfig
 
-    overrides = {k: _parse_value(v) for k, v in (o.split("=", 1) for o in args.tiny_set)}
-    for k in ("sft_hops", "rl_hops", "world_size"):
-        if isinstance(overrides.get(k), int):
-            overrides[k] = (overrides[k],)
     try:
-        return SpeedrunConfig.preset(args.preset, task=args.task, algorithm=args.algorithm, seed=args.seed,
-                                     retriever=args.retriever, threads=args.threads, **overrides)
+        return SpeedrunConfig.from_sets(args.tiny_set, args.preset, task=args.task, algorithm=args.algorithm,
+                                        seed=args.seed, retriever=args.retriever, threads=args.threads)
     except (ValueError, TypeError) as e:
         raise SystemExit(f"error: {e}")
 
