@@ -40,7 +40,7 @@ __all__ = ['ORG_SUFFIXES', 'ONE_HOP', 'TWO_HOP', 'TASKS', 'RETRIEVERS', 'DRILL_K
            'parse_set_value', 'Suite', 'build_suite', 'expert_trajectories', 'build_tokenizer', 'longest_turn',
            'check_turn_budget', 'sft_loss', 'pretrain_batches', 'search_drill', 'arith_drill', 'collate_drills',
            'drill_batches', 'copy_accuracy', 'copy_check_kinds', 'copy_signal', 'sft_batches', 'train_lm',
-           'episode_record', 'evaluate_agent', 'rl_signal', 'rl_trainer_config', 'run_speedrun', 'plot_run',
+           'episode_record', 'evaluate_agent', 'rl_trainer_config', 'rl_signal', 'run_speedrun', 'plot_run',
            'em_timeline', 'plot_em_over_time', 'write_report', 'fork_after_sft', 'episode_html', 'trajectory_browser',
            'fresh_world', 'ask']
 
@@ -944,7 +944,7 @@ def evaluate_agent(
     out["agent_tokens_per_s"] = sum(t.num_policy_tokens for t in trajs) / dt
     return out, records
 
-# %% ../nbs/11_speedrun.ipynb #b003472b
+# %% ../nbs/11_speedrun.ipynb #9eec3caa
 STAGE_NAMES = ("data", "sft", "rl", "eval")
 
 
@@ -963,47 +963,29 @@ def _load_model(path):
     return AutoModelForCausalLM.from_pretrained(path).eval()
 
 
-def rl_signal(metrics: Sequence[dict], window: int = 3) -> str | None:
-    "A warning when RL had nothing to learn from: `window` steps in a row where no group's rewards differed."
-    if window < 1:
-        raise ValueError(f"window must be >= 1, got {window}")
-    shares = [m["groups/with_variance"] for m in metrics if "groups/with_variance" in m]
-    run = 0
-    for i, s in enumerate(shares):
-        run = run + 1 if s == 0 else 0
-        if run == window:
-            return (f"RL has no signal: in {window} steps in a row (up to step {i + 1}) every group's episodes earned "
-                    "the same reward, so every advantage was zero and the policy could not change. The start is "
-                    "either always right or never right on the sampled prompts: check the SFT model's held-out EM, "
-                    "raise the temperature, or train on harder (or easier) prompts.")
-    return None
+# %% ../nbs/11_speedrun.ipynb #c3b3144f
+@dataclass
+class _Run:
+    "What the stages of one run share: its folder, configuration and suite, the stage times and the evaluations."
+    dir: Path
+    cfg: SpeedrunConfig
+    suite: Suite
+    progress: bool
+    times: dict
+    evals: dict
+    tok: object = None  # the run's tokenizer, once the data stage has made it
+
+    def ev(self, model, env=None):
+        "Held-out metrics and episode records of `model` (on the suite's evaluation environment by default)."
+        return evaluate_agent(model, self.tok, self.suite.eval_tasks, env or self.suite.eval_env,
+                              self.cfg.max_new_tokens, self.cfg.max_turns)
+
+    def save_evals(self):
+        (self.dir / "eval.json").write_text(json.dumps(self.evals, indent=1))
 
 
-def rl_trainer_config(cfg: SpeedrunConfig, out_dir: Path) -> TrainerConfig:
-    "The trainer's configuration for the RL stage (the group filter only where it is free: no critic, no KL)."
-    free = not ALGORITHMS[cfg.algorithm][2] and cfg.kl_coef == 0
-    return TrainerConfig(algorithm=cfg.algorithm, seed=cfg.seed, device="cpu", prompts_per_step=cfg.prompts_per_step,
-                         group_size=cfg.group_size, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
-                         max_turns=cfg.max_turns + 1, lr=cfg.rl_lr, critic_lr=1e-3, warmup_steps=0,
-                         mini_batch_size=min(64, cfg.prompts_per_step * cfg.group_size),
-                         micro_batch_size=min(32, cfg.prompts_per_step * cfg.group_size), kl_coef=cfg.kl_coef,
-                         process_rewards="raw" if cfg.process_reward else "off", out_dir=str(out_dir),
-                         save_every=max(1, cfg.rl_steps // 10) if cfg.rl_steps else 0,
-                         filter_groups=cfg.filter_groups and free, bypass_mode=cfg.bypass_mode)
-
-
-def run_speedrun(
-    cfg: SpeedrunConfig,
-    run_dir: str | Path,  # created if missing; an existing folder with the same config is resumed
-    progress: bool = True,
-    stages: Sequence[str] = STAGE_NAMES,  # run only these (the ones before them must be done)
-    suite: Suite | None = None,  # `build_suite(cfg)`, when the caller already has it (embedding the worlds takes time)
-) -> dict:  # the eval metrics of every model
-    "Run (or resume) the tiny speedrun in `run_dir`; write the report card; return the held-out metrics."
-    run_dir = Path(run_dir)
-    bad = [s for s in stages if s not in STAGE_NAMES]
-    if bad:
-        raise ValueError(f"unknown stage(s) {bad}; the stages are {list(STAGE_NAMES)}")
+def _open_run(cfg: SpeedrunConfig, run_dir: Path, suite: Suite | None, progress: bool) -> _Run:
+    "Create or resume the run folder (refusing one with another configuration); seed; read what is done."
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg_file = run_dir / "config.json"
     if cfg_file.exists():
@@ -1020,101 +1002,162 @@ def run_speedrun(
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
-    times = json.loads((run_dir / "stages.json").read_text()) if (run_dir / "stages.json").exists() else {}
-    evals = json.loads((run_dir / "eval.json").read_text()) if (run_dir / "eval.json").exists() else {}
+    read = lambda name: json.loads((run_dir / name).read_text()) if (run_dir / name).exists() else {}
+    return _Run(run_dir, cfg, build_suite(cfg) if suite is None else suite, progress, read("stages.json"),
+                read("eval.json"))
 
-    def save_evals():
-        (run_dir / "eval.json").write_text(json.dumps(evals, indent=1))
 
-    suite = build_suite(cfg) if suite is None else suite
-    # --- data (its time includes building the suite, however the caller got it)
-    if not _done(run_dir, "data"):
-        t0 = time.perf_counter()
-        tok = build_tokenizer(suite, cfg.vocab_size, isolate_digits=cfg.task == "arith")
-        tok.save_pretrained(run_dir / "tokenizer")
-        with open(run_dir / "eval_tasks.jsonl", "w") as f:
-            f.writelines(json.dumps(t) + "\n" for t in suite.eval_tasks)
-        _mark(run_dir, "data", time.perf_counter() - t0 + suite.build_seconds, times)
+# %% ../nbs/11_speedrun.ipynb #ff8286ab
+def _data_stage(r: _Run):
+    "The tokenizer and the held-out tasks (the stage's time includes building the suite, however it was built)."
+    t0 = time.perf_counter()
+    tok = build_tokenizer(r.suite, r.cfg.vocab_size, isolate_digits=r.cfg.task == "arith")
+    tok.save_pretrained(r.dir / "tokenizer")
+    with open(r.dir / "eval_tasks.jsonl", "w") as f:
+        f.writelines(json.dumps(t) + "\n" for t in r.suite.eval_tasks)
+    _mark(r.dir, "data", time.perf_counter() - t0 + r.suite.build_seconds, r.times)
+
+
+# %% ../nbs/11_speedrun.ipynb #c74b6a2d
+def _warm_ups(r: _Run, model):
+    "Optional language-model pre-training on the passages, then the copying drills (with the copy check)."
+    cfg, tok = r.cfg, r.tok
+    if cfg.pretrain_steps:
+        train_lm(model, pretrain_batches(tok, r.suite.passages, cfg.pretrain_batch, random.Random(cfg.seed)),
+                 cfg.pretrain_steps, cfg.sft_lr, "pretrain", r.dir, cfg.save_every, progress=r.progress,
+                 rng=random.Random(cfg.seed))
+    if cfg.drill_steps and r.suite.drill is not None:
+        check = None
+        if r.suite.drill_check is not None:  # copying, measured on held-out drills at the end of the drill
+            rng = random.Random(cfg.seed + 3)
+            pairs = [r.suite.drill_check(rng) for _ in range(200)]
+            check = lambda: {"copy": copy_accuracy(model, tok, pairs)}
+        hist = train_lm(model, drill_batches(tok, r.suite.drill, cfg.drill_batch, random.Random(cfg.seed + 2)),
+                        cfg.drill_steps, cfg.sft_lr, "drill", r.dir, cfg.save_every, eval_fn=check,
+                        progress=r.progress, rng=random.Random(cfg.seed + 2))
+        if r.progress and (msg := copy_signal(hist)):
+            print(f"note: {msg}")
+
+
+def _sft_stage(r: _Run):
+    "A fresh model: warm-ups, then SFT on the expert's episodes; saved, and evaluated with and without the tool."
+    cfg, tok, t0 = r.cfg, r.tok, time.perf_counter()
+    demos = expert_trajectories(r.suite, tok)
+    check_turn_budget(demos, cfg.max_new_tokens)
+    rows = [growing_layout(t) for t in demos]
+    model = tiny_qwen2(tok, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers, seed=cfg.seed,
+                       num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads)
+    _warm_ups(r, model)
+    sft_eval = lambda: {k: v for k, v in r.ev(model)[0].items() if k.startswith(("em/", "after_2_searches/"))}
+    train_lm(model, sft_batches(rows, tok.pad_token_id, cfg.sft_batch, random.Random(cfg.seed + 1)), cfg.sft_steps,
+             cfg.sft_lr, "sft", r.dir, cfg.save_every, eval_fn=sft_eval if cfg.eval_every else None,
+             eval_every=cfg.eval_every, progress=r.progress, rng=random.Random(cfg.seed + 1))
+    model.save_pretrained(r.dir / "sft_model")
+    tok.save_pretrained(r.dir / "sft_model")
+    r.evals["sft"], _ = r.ev(model)
+    r.evals["no_tool"], _ = r.ev(model, r.suite.no_tool_env)
+    r.evals["sft"].update(n_demos=len(demos), time=time.time())
+    r.save_evals()
+    _mark(r.dir, "sft", time.perf_counter() - t0, r.times)
+
+
+# %% ../nbs/11_speedrun.ipynb #66571d73
+def rl_trainer_config(cfg: SpeedrunConfig, out_dir: Path) -> TrainerConfig:
+    "The trainer's configuration for the RL stage (the group filter only where it is free: no critic, no KL)."
+    free = not ALGORITHMS[cfg.algorithm][2] and cfg.kl_coef == 0
+    return TrainerConfig(algorithm=cfg.algorithm, seed=cfg.seed, device="cpu", prompts_per_step=cfg.prompts_per_step,
+                         group_size=cfg.group_size, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
+                         max_turns=cfg.max_turns + 1, lr=cfg.rl_lr, critic_lr=1e-3, warmup_steps=0,
+                         mini_batch_size=min(64, cfg.prompts_per_step * cfg.group_size),
+                         micro_batch_size=min(32, cfg.prompts_per_step * cfg.group_size), kl_coef=cfg.kl_coef,
+                         process_rewards="raw" if cfg.process_reward else "off", out_dir=str(out_dir),
+                         save_every=max(1, cfg.rl_steps // 10) if cfg.rl_steps else 0,
+                         filter_groups=cfg.filter_groups and free, bypass_mode=cfg.bypass_mode)
+
+
+def rl_signal(metrics: Sequence[dict], window: int = 3) -> str | None:
+    "A warning when RL had nothing to learn from: `window` steps in a row where no group's rewards differed."
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    shares = [m["groups/with_variance"] for m in metrics if "groups/with_variance" in m]
+    run = 0
+    for i, s in enumerate(shares):
+        run = run + 1 if s == 0 else 0
+        if run == window:
+            return (f"RL has no signal: in {window} steps in a row (up to step {i + 1}) every group's episodes earned "
+                    "the same reward, so every advantage was zero and the policy could not change. The start is "
+                    "either always right or never right on the sampled prompts: check the SFT model's held-out EM, "
+                    "raise the temperature, or train on harder (or easier) prompts.")
+    return None
+
+
+# %% ../nbs/11_speedrun.ipynb #59d08769
+def _rl_stage(r: _Run):
+    "RL from the SFT model with the reference trainer, resumed from its last checkpoint; held-out EM as it goes."
+    cfg, t0 = r.cfg, time.perf_counter()
+    trainer = Trainer(_load_model(r.dir / "sft_model"), r.tok, r.suite.train_env, r.suite.train_tasks,
+                      rl_trainer_config(cfg, r.dir / "rl"))
+    ckpt = latest_checkpoint(r.dir / "rl")
+    if ckpt is not None:
+        trainer.load_checkpoint(ckpt)
+    if cfg.rl_steps > trainer.global_step:
+        rl_log = MetricsLogger(r.dir / "rl" / "eval.jsonl")  # held-out EM during RL, for the report's figure
+        history = read_jsonl(r.dir / "rl" / "metrics.jsonl") if (r.dir / "rl" / "metrics.jsonl").exists() else []
+        warned = [rl_signal(history) is not None]
+
+        def after_step(tr, m):  # warn once when RL has no signal; evaluate every rl_eval_every steps
+            history.append(m)
+            if not warned[0] and (msg := rl_signal(history)):
+                warned[0] = True
+                print(f"warning: {msg}", file=sys.stderr)
+            if cfg.rl_eval_every and tr.global_step % cfg.rl_eval_every == 0 \
+                    and tr.global_step < cfg.rl_steps:  # the last one is the eval stage's
+                res, _ = r.ev(tr.policy)
+                rl_log.log(tr.global_step, **{k: v for k, v in res.items() if k.startswith(("em/", "after_2_searches/"))})
+
+        trainer.train(cfg.rl_steps - trainer.global_step, progress=r.progress, callback=after_step)
+        trainer.save_checkpoint()
+    trainer.policy.save_pretrained(r.dir / "final_model")
+    r.tok.save_pretrained(r.dir / "final_model")
+    _mark(r.dir, "rl", time.perf_counter() - t0, r.times)
+
+
+def _eval_stage(r: _Run):
+    "The final model (the SFT one if RL did not run) on the held-out tasks; its episodes, plots and report card."
+    t0 = time.perf_counter()
+    final = r.dir / ("final_model" if _done(r.dir, "rl") else "sft_model")
+    r.evals["final"], records = r.ev(_load_model(final))
+    r.evals["final"].update(model=final.name, time=time.time())
+    r.save_evals()
+    with open(r.dir / "episodes.jsonl", "w") as f:
+        f.writelines(json.dumps(rec) + "\n" for rec in records)
+    _mark(r.dir, "eval", time.perf_counter() - t0, r.times)
+    plot_run(r.dir)
+    write_report(r.dir)
+
+
+# %% ../nbs/11_speedrun.ipynb #684380aa
+def run_speedrun(
+    cfg: SpeedrunConfig,
+    run_dir: str | Path,  # created if missing; an existing folder with the same config is resumed
+    progress: bool = True,
+    stages: Sequence[str] = STAGE_NAMES,  # run only these (the ones before them must be done)
+    suite: Suite | None = None,  # `build_suite(cfg)`, when the caller already has it (embedding the worlds takes time)
+) -> dict:  # the eval metrics of every model
+    "Run (or resume) the tiny speedrun in `run_dir`; write the report card; return the held-out metrics."
+    bad = [s for s in stages if s not in STAGE_NAMES]
+    if bad:
+        raise ValueError(f"unknown stage(s) {bad}; the stages are {list(STAGE_NAMES)}")
+    r = _open_run(cfg, Path(run_dir), suite, progress)
+    if not _done(r.dir, "data"):  # the data stage always runs first: every other stage needs its tokenizer
+        _data_stage(r)
     from transformers import AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(run_dir / "tokenizer")
-    ev = lambda m, env=suite.eval_env: evaluate_agent(m, tok, suite.eval_tasks, env, cfg.max_new_tokens, cfg.max_turns)
-    # --- sft
-    if "sft" in stages and not _done(run_dir, "sft"):
-        t0 = time.perf_counter()
-        demos = expert_trajectories(suite, tok)
-        check_turn_budget(demos, cfg.max_new_tokens)
-        rows = [growing_layout(t) for t in demos]
-        model = tiny_qwen2(tok, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers, seed=cfg.seed,
-                           num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads)
-        if cfg.pretrain_steps:
-            train_lm(model, pretrain_batches(tok, suite.passages, cfg.pretrain_batch, random.Random(cfg.seed)),
-                     cfg.pretrain_steps, cfg.sft_lr, "pretrain", run_dir, cfg.save_every, progress=progress,
-                     rng=random.Random(cfg.seed))
-        if cfg.drill_steps and suite.drill is not None:
-            check = None
-            if suite.drill_check is not None:  # copying, measured on held-out drills at the end of the drill
-                rng = random.Random(cfg.seed + 3)
-                pairs = [suite.drill_check(rng) for _ in range(200)]
-                check = lambda: {"copy": copy_accuracy(model, tok, pairs)}
-            hist = train_lm(model, drill_batches(tok, suite.drill, cfg.drill_batch, random.Random(cfg.seed + 2)),
-                            cfg.drill_steps, cfg.sft_lr, "drill", run_dir, cfg.save_every, eval_fn=check,
-                            progress=progress, rng=random.Random(cfg.seed + 2))
-            if progress and (msg := copy_signal(hist)):
-                print(f"note: {msg}")
-        def sft_eval():
-            return {k: v for k, v in ev(model)[0].items() if k.startswith(("em/", "after_2_searches/"))}
-        train_lm(model, sft_batches(rows, tok.pad_token_id, cfg.sft_batch, random.Random(cfg.seed + 1)), cfg.sft_steps,
-                 cfg.sft_lr, "sft", run_dir, cfg.save_every, eval_fn=sft_eval if cfg.eval_every else None,
-                 eval_every=cfg.eval_every, progress=progress, rng=random.Random(cfg.seed + 1))
-        model.save_pretrained(run_dir / "sft_model")
-        tok.save_pretrained(run_dir / "sft_model")
-        evals["sft"], _ = ev(model)
-        evals["no_tool"], _ = ev(model, suite.no_tool_env)
-        evals["sft"].update(n_demos=len(demos), time=time.time())
-        save_evals()
-        _mark(run_dir, "sft", time.perf_counter() - t0, times)
-    # --- rl
-    if "rl" in stages and not _done(run_dir, "rl"):
-        t0 = time.perf_counter()
-        policy = _load_model(run_dir / "sft_model")
-        trainer = Trainer(policy, tok, suite.train_env, suite.train_tasks, rl_trainer_config(cfg, run_dir / "rl"))
-        ckpt = latest_checkpoint(run_dir / "rl")
-        if ckpt is not None:
-            trainer.load_checkpoint(ckpt)
-        if cfg.rl_steps > trainer.global_step:
-            rl_log = MetricsLogger(run_dir / "rl" / "eval.jsonl")  # held-out EM during RL, for the report's figure
-            history = read_jsonl(run_dir / "rl" / "metrics.jsonl") if (run_dir / "rl" / "metrics.jsonl").exists() else []
-            warned = [rl_signal(history) is not None]
+    r.tok = AutoTokenizer.from_pretrained(r.dir / "tokenizer")
+    for name, stage in (("sft", _sft_stage), ("rl", _rl_stage), ("eval", _eval_stage)):
+        if name in stages and not _done(r.dir, name):
+            stage(r)
+    return r.evals
 
-            def after_step(tr, m):  # warn once when RL has no signal; evaluate every rl_eval_every steps
-                history.append(m)
-                if not warned[0] and (msg := rl_signal(history)):
-                    warned[0] = True
-                    print(f"warning: {msg}", file=sys.stderr)
-                if cfg.rl_eval_every and tr.global_step % cfg.rl_eval_every == 0 \
-                        and tr.global_step < cfg.rl_steps:  # the last one is the eval stage's
-                    res, _ = ev(tr.policy)
-                    rl_log.log(tr.global_step, **{k: v for k, v in res.items()
-                                                  if k.startswith(("em/", "after_2_searches/"))})
-
-            trainer.train(cfg.rl_steps - trainer.global_step, progress=progress, callback=after_step)
-            trainer.save_checkpoint()
-        trainer.policy.save_pretrained(run_dir / "final_model")
-        tok.save_pretrained(run_dir / "final_model")
-        _mark(run_dir, "rl", time.perf_counter() - t0, times)
-    # --- eval
-    if "eval" in stages and not _done(run_dir, "eval"):
-        t0 = time.perf_counter()
-        final = run_dir / ("final_model" if _done(run_dir, "rl") else "sft_model")
-        evals["final"], records = ev(_load_model(final))
-        evals["final"].update(model=final.name, time=time.time())
-        save_evals()
-        with open(run_dir / "episodes.jsonl", "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in records)
-        _mark(run_dir, "eval", time.perf_counter() - t0, times)
-        plot_run(run_dir)
-        write_report(run_dir)
-    return evals
 
 # %% ../nbs/11_speedrun.ipynb #daad7e8a
 def plot_run(run_dir: str | Path) -> list[Path]:
