@@ -486,6 +486,7 @@ class SpeedrunConfig:
     sft_steps: int = 1300
     sft_batch: int = 16
     sft_lr: float = 3e-3
+    drill_lr: float | None = None  # the warm-ups' learning rate (None: sft_lr); a lower sft_lr keeps what drills taught
     # --- RL
     rl_steps: int = 4
     prompts_per_step: int = 16
@@ -532,6 +533,8 @@ class SpeedrunConfig:
         if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
             raise ValueError(f"hidden_size ({self.hidden_size}) must divide by num_heads ({self.num_heads}), which must "
                              f"divide by num_kv_heads ({self.num_kv_heads})")
+        if self.drill_lr is not None and not (isinstance(self.drill_lr, (int, float)) and self.drill_lr > 0):
+            raise ValueError(f"drill_lr must be a positive number or None, got {self.drill_lr!r}")
         for name in ("filter_groups", "bypass_mode", "think", "drill_fresh", "plan"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
@@ -1024,7 +1027,7 @@ def _warm_ups(r: _Run, model):
     cfg, tok = r.cfg, r.tok
     if cfg.pretrain_steps:
         train_lm(model, pretrain_batches(tok, r.suite.passages, cfg.pretrain_batch, random.Random(cfg.seed)),
-                 cfg.pretrain_steps, cfg.sft_lr, "pretrain", r.dir, cfg.save_every, progress=r.progress,
+                 cfg.pretrain_steps, cfg.drill_lr or cfg.sft_lr, "pretrain", r.dir, cfg.save_every, progress=r.progress,
                  rng=random.Random(cfg.seed))
     if cfg.drill_steps and r.suite.drill is not None:
         check = None
@@ -1033,7 +1036,7 @@ def _warm_ups(r: _Run, model):
             pairs = [r.suite.drill_check(rng) for _ in range(200)]
             check = lambda: {"copy": copy_accuracy(model, tok, pairs)}
         hist = train_lm(model, drill_batches(tok, r.suite.drill, cfg.drill_batch, random.Random(cfg.seed + 2)),
-                        cfg.drill_steps, cfg.sft_lr, "drill", r.dir, cfg.save_every, eval_fn=check,
+                        cfg.drill_steps, cfg.drill_lr or cfg.sft_lr, "drill", r.dir, cfg.save_every, eval_fn=check,
                         progress=r.progress, rng=random.Random(cfg.seed + 2))
         if r.progress and (msg := copy_signal(hist)):
             print(f"note: {msg}")
