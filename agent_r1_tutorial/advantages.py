@@ -160,7 +160,7 @@ def _step_table(trajectory_uids: Any, step_indices: Any, n: int) -> tuple[torch.
                              "of them: step_indices must run 0, 1, ..., K-1 in each trajectory")
     return traj, steps
 
-
+# %% ../nbs/08_advantages.ipynb #8186cac8
 def compute_step_gae_advantage_return(
     token_level_rewards: torch.Tensor,  # (steps, T) reward of each response token of each step row
     values: torch.Tensor,  # (steps, T) critic values; the one at each row's first policy token is V(s_k)

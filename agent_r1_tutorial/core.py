@@ -122,7 +122,7 @@ class MetricsLogger:
     def __exit__(self, *exc):
         self.close()
 
-
+# %% ../nbs/00_core.ipynb #1eaa8b77
 def read_jsonl(
     path: str | Path,  # a file written by `MetricsLogger`
 ) -> list[dict]:  # one dict per line

@@ -133,7 +133,7 @@ def env_suffix(
     return encode_segments(tokenizer, [s for s in head + _label_delta(tokenizer, base, delta, new_messages, tools,
                                                                       add_generation_prompt) if s[1]])
 
-
+# %% ../nbs/02_masks.ipynb #b2132acf
 def _label_delta(tokenizer, base, delta, messages, tools, add_generation_prompt) -> list[tuple[str, str]]:
     "Split the rendered delta into markup and message content, by rendering it once more with placeholders."
     marks = [f"\ue000{k}\ue001" for k in range(len(messages))]  # private-use characters: never in real text
@@ -185,7 +185,7 @@ def _call_text(rng: random.Random, n_calls: int) -> str:
                       + f"\n{TOOL_CALL_END}" for _ in range(n_calls))
     return f"{THINK_START}\n{_phrase(rng, 2, 8)}\n{THINK_END}\n{calls}"
 
-
+# %% ../nbs/02_masks.ipynb #44ef0ff1
 def random_trajectory(
     tokenizer,  # a fast tokenizer with a Qwen-style chat template (e.g. from `build_tiny_lm`)
     seed: int = 0,  # seeds everything about the episode; the same seed gives the same trajectory
@@ -372,7 +372,7 @@ def _check_row(i: int, row: dict) -> dict:
         raise ValueError(f"row {i}: response_logprobs and token_level_rewards must be finite")
     return out
 
-
+# %% ../nbs/02_masks.ipynb #75cd26b5
 def collate(
     rows: Sequence[dict],  # rows from `growing_layout` or `step_layout` (or any dicts with the same keys)
     pad_token_id: int,  # the id written into padding (never attended to)
@@ -535,7 +535,7 @@ def mask_html(
                                  [c["mask"] for c in cells], [c["title"] for c in cells], legend=b == 0))
     return "".join(parts)
 
-
+# %% ../nbs/02_masks.ipynb #d9f88030
 def plot_mask(
     traj: Trajectory,  # the trajectory to draw
     tokenizer,  # decodes the ids into the cells' labels
@@ -579,7 +579,7 @@ def plot_mask(
     fig.tight_layout()
     return fig
 
-
+# %% ../nbs/02_masks.ipynb #be3c1dcd
 def mask_explorer(
     trajectories: Sequence[Trajectory],  # the trajectories to browse
     tokenizer,  # decodes the ids

@@ -81,7 +81,7 @@ def _check_real(name: str, v) -> float:
         raise ValueError(f"{name} = {v} is not finite")
     return float(v)
 
-
+# %% ../nbs/01_mdp.ipynb #cab23f64
 def _check_json(name: str, d) -> dict:
     if not isinstance(d, dict):
         raise TypeError(f"{name} must be a dict, got {type(d).__name__}")
@@ -91,7 +91,7 @@ def _check_json(name: str, d) -> dict:
         raise TypeError(f"{name} must hold only JSON-serialisable values (it is saved with the trajectory): {e}") from None
     return d
 
-
+# %% ../nbs/01_mdp.ipynb #b86f5c45
 @dataclass
 class Step:
     "One agent step (one turn): what the policy saw, what it sampled, and what the environment did next."
@@ -422,7 +422,7 @@ def trajectories_to_parquet(
     pq.write_table(_to_table(trajectories), path)
     return path
 
-
+# %% ../nbs/01_mdp.ipynb #387c7f74
 def trajectories_from_parquet(
     path: str | Path,  # a file written by `trajectories_to_parquet`
 ) -> list[Trajectory]:  # in the order they were written
@@ -508,7 +508,7 @@ def _header(traj: Trajectory) -> str:
     return (f"trajectory {traj.uid!r} · group {traj.group!r} · {traj.num_steps} steps · "
             f"{traj.num_policy_tokens} policy tokens · outcome reward {traj.outcome_reward:g} · {end}")
 
-
+# %% ../nbs/01_mdp.ipynb #18de3b7d
 def _transcript(self: Trajectory, tokenizer) -> str:
     lines = [_header(self)]
     for label, k, ids, lps, roles in _segments(self):

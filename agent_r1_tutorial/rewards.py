@@ -75,7 +75,7 @@ def _f1(pred: str, gold: str) -> float:
     precision, recall = shared / len(p), shared / len(g)
     return 2 * precision * recall / (precision + recall)
 
-
+# %% ../nbs/07_rewards.ipynb #a155b4ab
 def f1_score(
     prediction: str,  # the model's answer
     ground_truth: Any,  # a gold answer, a list of acceptable answers, or {'target': [...]}
@@ -147,7 +147,7 @@ def _markup_before(text: str, i: int, lo: int) -> int:
             j = _skip_space(text, j - len(tag), -1, lo)
     return j
 
-
+# %% ../nbs/07_rewards.ipynb #85ccda3c
 def _markup_after(text: str, i: int) -> int:
     "Where an observation ending at `i` really ends: on over `<|im_end|><|im_start|>assistant` and whitespace."
     j = _skip_space(text, i, 1, len(text))
@@ -351,7 +351,7 @@ def prime_normalize(
     return_to_go = process_rewards.flip(-1).cumsum(-1).flip(-1)
     return process_rewards / (return_to_go.abs().max() + eps)
 
-
+# %% ../nbs/07_rewards.ipynb #0fa2d6f6
 def combine_process_outcome(
     outcome_rewards: torch.Tensor,  # (batch, T) token-level outcome rewards
     process_rewards: torch.Tensor,  # (batch, T) token-level process rewards

@@ -129,7 +129,7 @@ class GrowingCache(DynamicCache):
     def __init__(self):
         Cache.__init__(self, layer_class_to_replicate=GrowingCacheLayer)
 
-
+# %% ../nbs/06_rollout.ipynb #6e66ee43
 def sdpa_gqa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None, **kwargs):
     "transformers' sdpa attention with grouped-query attention left to the kernel (`enable_gqa`): no copied KV heads."
     causal = query.shape[2] > 1 and attention_mask is None and (

@@ -39,7 +39,7 @@ class Doc:
         "What the retrievers index: the title, then the text."
         return f"{self.title}\n{self.text}" if self.title else self.text
 
-
+# %% ../nbs/04_search.ipynb #a097b83a
 class DocStore:
     "Documents in index order, with lookup by id; saved and loaded as JSON Lines."
 
@@ -204,7 +204,7 @@ def _load_model(name: str, device: str):
     from sentence_transformers import SentenceTransformer  # other models come from the Hugging Face Hub
     return SentenceTransformer(name, device=device)
 
-
+# %% ../nbs/04_search.ipynb #96631b0b
 class SentenceEncoder:
     "Sentence embeddings (sentence-transformers), L2-normalised, with the query and passage prefixes the model expects."
 
@@ -296,7 +296,7 @@ def _check_k(k):
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
 
-
+# %% ../nbs/04_search.ipynb #f70d309b
 class DenseRetriever:
     "Sentence embeddings in a FAISS inner-product index, with batched top-k search over a `DocStore`."
 
@@ -372,7 +372,7 @@ class DenseRetriever:
     def __repr__(self):
         return f"DenseRetriever({len(self.docs)} docs, {self.encoder.name!r}, index={self.kind!r})"
 
-
+# %% ../nbs/04_search.ipynb #e1d986e3
 def _read_config(path: Path, kind: str) -> dict:
     f = path / "config.json"
     if not f.exists():
@@ -518,7 +518,7 @@ def _load_retriever(path: Path, device: str):
         return BM25Retriever.load(path)
     raise ValueError(f"{path}: unknown retriever type {kind!r}")
 
-
+# %% ../nbs/04_search.ipynb #e9c26b79
 def load_retriever(
     path: str | Path,  # a folder written by DenseRetriever.save or BM25Retriever.save
     device: str = "cpu",  # where a dense retriever's encoder runs

@@ -83,7 +83,7 @@ def _tool_executor() -> concurrent.futures.ThreadPoolExecutor:
 def _short(s: str, n: int = 160) -> str:
     return s if len(s) <= n else s[: n - 1] + "…"
 
-
+# %% ../nbs/03_tools.ipynb #94bee4ed
 class BaseTool:
     "A tool the model can call: a name, a description, a JSON Schema for the arguments, and `execute`."
     name: str = ""
@@ -142,7 +142,7 @@ class BaseTool:
     def __repr__(self):
         return f"{type(self).__name__}(name={self.name!r})"
 
-
+# %% ../nbs/03_tools.ipynb #f5718c75
 def _check_parameters(schema: Any, owner: str):
     "A tool's parameters must be a valid JSON Schema for an object, with a type for each property (verl needs it)."
     if not isinstance(schema, dict) or schema.get("type") != "object":
@@ -237,7 +237,7 @@ def resolve_tools(
         table[tool.name] = tool
     return table
 
-
+# %% ../nbs/03_tools.ipynb #a5a76cc2
 async def _run_one(call: ToolCall, table: dict[str, BaseTool], timeout: float | None, max_chars: int | None,
                    side: str) -> ToolResult:
     tool = table.get(call.name) if isinstance(call.name, str) else None
@@ -293,7 +293,7 @@ def _check_calls(calls):
     if not isinstance(calls, (list, tuple)) or not all(isinstance(c, ToolCall) for c in calls):
         raise TypeError(f"calls must be a list of ToolCall, got {calls!r:.200}")
 
-
+# %% ../nbs/03_tools.ipynb #a9804b25
 def _run_sync(coro: Awaitable):
     "Run a coroutine to completion from synchronous code, also where an event loop already runs (Jupyter)."
     try:
@@ -361,7 +361,7 @@ _REFUSED_OPS = {ast.BitXor: "'^' is not allowed (write powers as **)", ast.BitAn
                 ast.MatMult: "'@' is not allowed", ast.Invert: "'~' is not allowed", ast.Not: "'not' is not allowed"}
 _ALLOWED = "numbers, + - * / // % ** and parentheses"
 
-
+# %% ../nbs/03_tools.ipynb #92f05e7b
 def safe_eval(
     expression: str,  # arithmetic such as "(1482 - 1350) * 2.5"
     max_abs: float = 1e100,  # refuse any intermediate result larger than this in absolute value
@@ -428,7 +428,7 @@ def safe_eval(
     except RecursionError:
         raise CalculatorError("the expression is nested too deeply") from None
 
-
+# %% ../nbs/03_tools.ipynb #521fb902
 def format_number(
     x: int | float,  # a calculator result
 ) -> str:  # integers exactly, floats to 12 significant digits ("3" for 3.0, "0.333333333333")
@@ -513,7 +513,7 @@ def _blocks(text: str, open_tag: str, close_tag: str) -> tuple[list[tuple[str, s
         errors.append(f"found {close_tag} without a matching {open_tag}")
     return [(text[s + len(open_tag):e - len(close_tag)], text[s:e]) for s, e in spans], "".join(outside), errors
 
-
+# %% ../nbs/03_tools.ipynb #f2518631
 class ToolFormat:
     "How calls are written and results returned: a parser that never raises, and a formatter of result messages."
     name: str = ""
@@ -568,7 +568,7 @@ def register_format(
     "Class decorator: make a `ToolFormat` available to `get_format` by name."
     return _FORMATS.register(cls, name=name)
 
-
+# %% ../nbs/03_tools.ipynb #462dd3fc
 def get_format(
     name: str | ToolFormat,  # a registered format name ("hermes", "search_r1"), or a format (returned as is)
     **kwargs,  # passed to the format's constructor
@@ -586,7 +586,7 @@ def list_formats() -> list[str]:
 # %% ../nbs/03_tools.ipynb #9c9276aa
 _CALL_EXAMPLE = '<tool_call>{"name": "<tool>", "arguments": {...}}</tool_call>'
 
-
+# %% ../nbs/03_tools.ipynb #4e25cdd3
 @register_format
 class HermesFormat(ToolFormat):
     "Hermes/Qwen tool calls: JSON inside <tool_call>…</tool_call>; results as `tool` messages (<tool_response>)."
@@ -646,7 +646,7 @@ class HermesFormat(ToolFormat):
         return ("Think step by step. Call a tool whenever it helps; you may call several at once. "
                 "When you know the answer, write it between <answer> and </answer>.")
 
-
+# %% ../nbs/03_tools.ipynb #f2fedab7
 @register_format
 class SearchR1Format(ToolFormat):
     "Search-R1 tags: <search>query</search> in, <information>…</information> out (as one user message)."

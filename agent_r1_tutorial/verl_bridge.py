@@ -61,7 +61,7 @@ def _context_policy(spec):
                          "(a Summarize policy needs a function and cannot come from a data row)")
     return _CONTEXT_POLICIES[name](**{k: v for k, v in kw.items() if v is not None})
 
-
+# %% ../nbs/12_verl.ipynb #90c0d810
 def env_from_row(
     row: dict,  # a dataset row as verl's agent-loop worker passes it: raw_prompt (or prompt), extra_info, tools_kwargs
     tokenizer=None,  # counts context tokens with the chat template, when the row sets a context budget (max_tokens)
@@ -114,7 +114,7 @@ def _appended(old: Observation, new: Observation) -> list[dict] | None:
         return new.messages[k + 1:]
     return None
 
-
+# %% ../nbs/12_verl.ipynb #af8dd828
 async def run_agent_episode(
     server_manager,  # anything with verl's `async generate(request_id, *, prompt_ids, sampling_params)` -> token ids
     tokenizer,  # the policy's tokenizer, with its chat template
@@ -235,7 +235,7 @@ def episode_response_ids(
         ids += s.action_ids + (s.env_ids or list(s.info.get("score_env_ids") or []))
     return ids
 
-
+# %% ../nbs/12_verl.ipynb #9906a26d
 def episode_outputs(
     traj: Trajectory,  # an episode from run_agent_episode
     tokenizer,  # decodes the episode when the loop scores it itself
@@ -488,7 +488,7 @@ def as_verl_adv_estimator(
     estimator.__wrapped__ = fn
     return estimator
 
-
+# %% ../nbs/12_verl.ipynb #6f414fd9
 def global_loss_scale(
     response_mask: torch.Tensor,  # (batch, T) the micro-batch's mask
     loss_agg_mode: str,  # one of AGG_MODES
@@ -595,7 +595,7 @@ def split_batch_keys(
         steps.append(int(parts[2]))
     return np.array(traj, dtype=object), np.array(steps, dtype=np.int64)
 
-
+# %% ../nbs/12_verl.ipynb #8a43c749
 def compute_advantage_multi_step(
     data,  # verl's DataProto with token_level_rewards, response_mask (and values, token_level_scores, uid)
     batch_keys: Sequence[str],  # one "{uid}_{session_id}_{index}" key per row
@@ -655,7 +655,7 @@ def compute_advantage_multi_step(
     b["advantages"], b["returns"] = adv, ret
     return data
 
-
+# %% ../nbs/12_verl.ipynb #8aad56e1
 def replace_verl_attribute(
     modules: Sequence,  # the modules that hold the attribute (verl sometimes imports a function into a second one)
     name: str,  # the attribute

@@ -64,7 +64,7 @@ def cpu_device_module() -> types.ModuleType:
 
 _PLATFORM_CLASS: list = []
 
-
+# %% ../nbs/15_verl_cpu.ipynb #02ba4158
 def cpu_platform_class() -> type:  # CPUPlatform, a subclass of verl's PlatformBase
     "verl's platform interface for a machine with no accelerator (needs verl; created on first use)."
     if _PLATFORM_CLASS:
@@ -161,7 +161,7 @@ def patch_unpinned_offload() -> str:  # the attribute replaced
 ROLLOUT = "ar1_hf"  # actor_rollout_ref.rollout.name of the CPU run
 SERVER_NAME = "ar1_hf_server_{}"  # the Ray actor of replica {rank}: the training process finds it by name
 
-
+# %% ../nbs/15_verl_cpu.ipynb #a1615288
 class HFRolloutServer:
     """verl's token-in/token-out rollout server over a Hugging Face model on the CPU (a Ray actor).
 
@@ -320,7 +320,7 @@ def hf_server_adapter_class() -> type:  # HFServerAdapter, a subclass of verl's 
         _VERL_CLASSES["HFServerAdapter"] = HFServerAdapter
     return _VERL_CLASSES["HFServerAdapter"]
 
-
+# %% ../nbs/15_verl_cpu.ipynb #aac936c4
 def register_cpu_rollout() -> str:  # the rollout's name (actor_rollout_ref.rollout.name)
     "Register the CPU rollout with verl under ROLLOUT: its replica (server side) and its adapter (trainer side)."
     from verl.workers.rollout import base
@@ -661,7 +661,7 @@ def mask_segments(
         i = j
     return out
 
-
+# %% ../nbs/15_verl_cpu.ipynb #81ee09b7
 def export_run(
     out_dir: str | Path,  # a verl run's folder (launch_verl's out_dir)
     dest: str | Path,  # where the summary goes (e.g. docs/verl_cpu/)
@@ -729,7 +729,7 @@ def trajectory_from_output(
         i = k
     return Trajectory(steps, outcome_reward=float(outcome_reward), uid=uid, group=group)
 
-
+# %% ../nbs/15_verl_cpu.ipynb #d04174e7
 def reference_replay(
     run: VerlRunConfig,  # the verl run (its sizes, learning rate, KL and loss settings)
     out_dir: str | Path,  # its folder: episodes/, rollouts/, metrics

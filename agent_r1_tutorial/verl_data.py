@@ -80,7 +80,7 @@ def download(
     part.rename(dest)
     return dest
 
-
+# %% ../nbs/13_verl_data.ipynb #842a6ae0
 def seeded_sample(
     n_total: int,  # how many items there are
     n: int | None,  # how many to draw; None (or more than n_total): all of them, in their order
@@ -139,7 +139,7 @@ def _row(data_source, ability, content, ground_truth, split, index, question, to
         "extra_info": {"split": split, "index": index, "question": question, "need_tools_kwargs": True,
                        "tools_kwargs": tools_kwargs, "env_kwargs": env_kwargs, **extra}})
 
-
+# %% ../nbs/13_verl_data.ipynb #29a7888e
 def hotpotqa_rows(
     records: Sequence[dict],  # HotpotQA records: question, answer, and optionally _id, supporting_facts, type, level
     split: str,  # "train" or "validation"
@@ -183,7 +183,7 @@ def gsm8k_answer(
         raise ValueError(f"the GSM8K answer after '####' is not a number: {ans!r}")
     return ans
 
-
+# %% ../nbs/13_verl_data.ipynb #546819db
 def gsm8k_rows(
     records: Sequence[dict],  # GSM8K records: question, answer ('... #### 72')
     split: str,  # "train" or "test"
@@ -310,7 +310,7 @@ def load_hotpotqa(
         raise ValueError(f"{path} is not a HotpotQA file (a JSON list of records with question and answer)")
     return data
 
-
+# %% ../nbs/13_verl_data.ipynb #5bbfdb1a
 def _prepare(out_dir, train_rows, val_rows, manifest):
     out = Path(out_dir)
     paths = {"train": write_rows(train_rows, out / "train.parquet"),
@@ -389,7 +389,7 @@ def hotpotqa_passages(
                 out.append({"id": f"p{len(out):06d}", "title": title, "text": " ".join(s.strip() for s in sentences)})
     return out
 
-
+# %% ../nbs/13_verl_data.ipynb #23c13d08
 def build_corpus_index(
     docs,  # a DocStore or an iterable of {"id", "title", "text"} dicts
     out_dir: str | Path,  # the retriever folder (config.json, index.faiss, docs.jsonl)

@@ -51,7 +51,7 @@ RECIPES = {
 }
 _HYDRA_UNSAFE = re.compile(r"[\s,\[\]{}()='\"\\]")
 
-
+# %% ../nbs/14_verl_launch.ipynb #b8c6dad1
 @dataclass
 class VerlRunConfig:
     "The knobs of a full-scale run; everything else is verl's default or derived from these in `verl_overrides`."
@@ -239,7 +239,7 @@ def compose_verl_config(
     except Exception as e:  # Hydra's messages name the key; say where it came from
         raise ValueError(f"verl's configuration rejected the overrides: {e}") from None
 
-
+# %% ../nbs/14_verl_launch.ipynb #c101830f
 def validate_verl_config(
     cfg,  # a composed configuration (compose_verl_config)
     model_path: str | None = None,  # a local model folder standing in for the real one; None: the configured path if local
@@ -314,7 +314,7 @@ def validate_verl_config(
     return {"adv_estimator": est, "policy_loss": loss, "use_reference_policy": use_ref, "use_critic": use_critic,
             "agent_loop": agent_loop, "sections": sections, "model_checked_with": local, "skipped": skipped}
 
-
+# %% ../nbs/14_verl_launch.ipynb #7d31dec6
 def _check_agent_loop(cfg) -> str:
     "The agent loop our rows name must resolve, in this process, to our class, and its layout must suit the trainer."
     from hydra.utils import get_class
@@ -421,7 +421,7 @@ def verl_sampling_params(
     return {"temperature": src.temperature, "top_p": src.top_p, "top_k": src.top_k, "repetition_penalty": 1.0,
             "logprobs": rc.calculate_log_probs}
 
-
+# %% ../nbs/14_verl_launch.ipynb #41d79b0c
 async def verl_postprocess(
     outputs: Sequence,  # one AgentLoopOutput per row (the sequence layout)
     rows: Sequence[dict],  # the rows they came from
