@@ -87,7 +87,7 @@ def _clipped_surrogate_end(
                    "actor/pg_clipfrac_lower": float(clipfrac_lower)}
     return loss, metrics
 
-
+# %% ../nbs/09_losses.ipynb #6e0d84d3
 def compute_policy_loss_vanilla(
     old_log_prob: torch.Tensor,  # (batch, T) log-probs of the sampled tokens under the policy that sampled them
     log_prob: torch.Tensor,  # (batch, T) the same under the policy being trained (carries the gradient)

@@ -87,7 +87,7 @@ class World:
             out.update(w for w in n.split() if w not in ORG_SUFFIXES)
         return out
 
-
+# %% ../nbs/11_speedrun.ipynb #6989c4a1
 def make_world(
     rng: random.Random,  # the source of randomness (the same state gives the same world)
     n_people: int = 6,
@@ -165,7 +165,7 @@ class Split:
     def names(self) -> set[str]:
         return set().union(*(w.names() for w in self.worlds)) if self.worlds else set()
 
-
+# %% ../nbs/11_speedrun.ipynb #0907ad0e
 def make_split(
     n_worlds: int,
     per_world: int,  # questions per world and per number of hops
@@ -243,7 +243,7 @@ class WorldSearchTool(SearchTool):
             await asyncio.sleep(0)  # let every episode of the turn announce its query; the first miss encodes them all
         return self.execute(**arguments)
 
-
+# %% ../nbs/11_speedrun.ipynb #39659b6a
 class WorldSearch:
     "Builds the environment of each task: a `ToolEnv` whose `SearchTool` sees only the task's world."
 
@@ -448,7 +448,7 @@ TASKS = ("search", "arith")
 RETRIEVERS = ("dense", "bm25")
 DRILL_KINDS = (0, 1, 2, 3)  # the search drills `search_drill` writes
 
-
+# %% ../nbs/11_speedrun.ipynb #6a5be72f
 @dataclass
 class SpeedrunConfig:
     "Every knob of the tiny speedrun."
@@ -720,7 +720,7 @@ def pretrain_batches(tokenizer, passages: Sequence[str], batch_size: int, rng: r
 
 _SENTENCE = re.compile(r"(.+?) (?:was born in|works for|is based in|is led by) (.+?)\.$")
 
-
+# %% ../nbs/11_speedrun.ipynb #6e2dec1f
 def search_drill(
     worlds: Sequence[World],  # the training worlds
     rng: random.Random,
@@ -769,7 +769,7 @@ def arith_drill(rng: random.Random, think: bool = True) -> tuple[str, str]:
     head = f"<think>{r}</think>\n" if think else ""
     return f"<tool_response>\n{r}\n</tool_response>\n", f"{head}<answer>{r}</answer>"
 
-
+# %% ../nbs/11_speedrun.ipynb #da086cd7
 def collate_drills(tokenizer, pairs: Sequence[tuple[str, str]]) -> dict:
     "One batch of (context, target) pairs, right-padded, with labels on the targets only."
     ctx = [tokenizer.encode(c, add_special_tokens=False) for c, _ in pairs]
@@ -825,7 +825,7 @@ def copy_signal(drill_log: Sequence[dict], least: float = COPY_ENOUGH) -> str | 
             "SFT has to finish learning to copy, which takes a seed-dependent number of steps (more drill_steps "
             "raise the figure)")
 
-
+# %% ../nbs/11_speedrun.ipynb #8037c737
 def sft_batches(rows: Sequence[dict], pad_id: int, batch_size: int, rng: random.Random):
     "Endless SFT batches from length buckets (rows made by `growing_layout`)."
     if not rows:
@@ -847,7 +847,7 @@ def _save_state(path: Path, model, opt, sched, step: int, rng: random.Random, hi
         shutil.rmtree(path)
     tmp.rename(path)
 
-
+# %% ../nbs/11_speedrun.ipynb #63d7bd2e
 def train_lm(
     model,
     batches,  # an iterator of batches: with "labels" for next-token loss, otherwise SFT rows (`sft_loss`)
@@ -1221,7 +1221,7 @@ def em_timeline(run_dir: str | Path) -> list[dict]:
         return []
     return sorted(({**p, "minutes": (p["time"] - start) / 60} for p in pts if "time" in p), key=lambda p: p["time"])
 
-
+# %% ../nbs/11_speedrun.ipynb #21c56ff6
 def plot_em_over_time(run_dir: str | Path) -> Path | None:
     "The run at a glance: held-out EM per kind against wall-clock minutes through SFT and RL, baselines as lines."
     import matplotlib.pyplot as plt
@@ -1260,7 +1260,7 @@ def plot_em_over_time(run_dir: str | Path) -> Path | None:
     plt.close(fig)
     return path
 
-
+# %% ../nbs/11_speedrun.ipynb #d7ccc9a7
 def write_report(run_dir: str | Path) -> Path:
     "The report card `report.md` of a run folder."
     run_dir = Path(run_dir)

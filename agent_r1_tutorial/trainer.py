@@ -45,7 +45,7 @@ ALGORITHMS = {
 }
 PROCESS_REWARDS = ("raw", "prime", "off")
 
-
+# %% ../nbs/10_trainer.ipynb #d172bffb
 @dataclass
 class TrainerConfig:
     "Every knob of the reference trainer."
