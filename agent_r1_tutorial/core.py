@@ -23,7 +23,7 @@ import torch
 
 # %% auto #0
 __all__ = ['DEFAULT_PACKAGES', 'seed_everything', 'get_device', 'MetricsLogger', 'read_jsonl', 'ema', 'env_report',
-           'env_report_md', 'Registry', 'in_test']
+           'env_report_md', 'Registry', 'in_test', 'ParamTableRenderer']
 
 # %% ../nbs/00_core.ipynb #b3bc63f2
 def seed_everything(
@@ -276,3 +276,45 @@ class Registry:
 def in_test() -> bool:
     "True when the code runs under the test suite (nbdev's `IN_TEST`), where notebooks shrink their work."
     return os.environ.get("IN_TEST", "") not in ("", "0")
+
+# %% ../nbs/00_core.ipynb #e848eb45
+class ParamTableRenderer:
+    "`show_doc`'s renderer for this site: the signature without its comments, the docstring, a table of parameters."
+
+    def __init__(self, sym, name: str | None = None, title_level: int = 3):
+        try:  # nbdev's adds the heading and the link to the source; fastcore's alone is enough without nbdev
+            from nbdev.showdoc import BasicMarkdownRenderer as Base
+        except ImportError:  # pragma: no cover
+            from fastcore.docments import MarkdownRenderer as Base
+        self.base = Base(sym, name=name, title_level=title_level)
+
+    def rows(self) -> list[tuple[str, str, str, str]]:
+        "(name, type, default, comment) of each documented parameter, and of the return value if it has a comment."
+        from fastcore.docments import DocmentText, _fmt_default, _type_str, empty
+
+        dm = self.base.dm.dm if isinstance(self.base.dm, DocmentText) else {}
+        out = []
+        for k, v in dm.items():
+            if k in ("self", "cls") or (k == "return" and not v.get("docment")):
+                continue
+            anno = "" if v.get("anno", empty) is empty else _type_str(v["anno"])
+            default = "" if v.get("default", empty) is empty else _fmt_default(v["default"])
+            out.append(("**Returns**" if k == "return" else k, anno, default, v.get("docment") or ""))
+        return out
+
+    def _repr_markdown_(self) -> str:
+        from fastcore.docments import DocmentText
+
+        rows, dm = self.rows(), self.base.dm
+        if not any(r[3] for r in rows) or not isinstance(dm, DocmentText):
+            return self.base._repr_markdown_()  # nothing to put in a table: nbdev's rendering as it is
+        saved = dm.dm
+        dm.dm = {k: {**v, "docment": None} for k, v in saved.items()}  # the signature without its comments
+        try:
+            text = self.base._repr_markdown_()
+        finally:
+            dm.dm = saved
+        cell = lambda s: str(s).replace("|", "\\|").replace("\n", " ")
+        table = ["", "| | Type | Default | Details |", "|---|---|---|---|"]
+        table += [f"| {n if n.startswith('**') else f'`{n}`'} | {f'`{cell(t)}`' if t else ''} | {f'`{cell(d)}`' if d else ''} | {cell(c)} |" for n, t, d, c in rows]
+        return text + "\n" + "\n".join(table) + "\n"
