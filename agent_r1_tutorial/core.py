@@ -290,9 +290,12 @@ class ParamTableRenderer:
 
     def rows(self) -> list[tuple[str, str, str, str]]:
         "(name, type, default, comment) of each documented parameter, and of the return value if it has a comment."
-        from fastcore.docments import DocmentText, _fmt_default, _type_str, empty
+        from fastcore.docments import DocmentText, _fmt_default, _type_str, docments, empty
 
-        dm = self.base.dm.dm if isinstance(self.base.dm, DocmentText) else {}
+        try:  # read from the source: a dataclass's field comments too (its generated __init__ has none)
+            dm = docments(self.base.sym, full=True)
+        except Exception:  # no source to read (a builtin, a function made at run time)
+            dm = self.base.dm.dm if isinstance(self.base.dm, DocmentText) else {}
         out = []
         for k, v in dm.items():
             if k in ("self", "cls") or (k == "return" and not v.get("docment")):
@@ -306,14 +309,17 @@ class ParamTableRenderer:
         from fastcore.docments import DocmentText
 
         rows, dm = self.rows(), self.base.dm
-        if not any(r[3] for r in rows) or not isinstance(dm, DocmentText):
+        if not any(r[3] for r in rows):
             return self.base._repr_markdown_()  # nothing to put in a table: nbdev's rendering as it is
-        saved = dm.dm
-        dm.dm = {k: {**v, "docment": None} for k, v in saved.items()}  # the signature without its comments
-        try:
+        if isinstance(dm, DocmentText):
+            saved = dm.dm
+            dm.dm = {k: {**v, "docment": None} for k, v in saved.items()}  # the signature without its comments
+            try:
+                text = self.base._repr_markdown_()
+            finally:
+                dm.dm = saved
+        else:  # a signature fastcore could not annotate (a dataclass's generated __init__): it has no comments
             text = self.base._repr_markdown_()
-        finally:
-            dm.dm = saved
         cell = lambda s: str(s).replace("|", "\\|").replace("\n", " ")
         table = ["", "| | Type | Default | Details |", "|---|---|---|---|"]
         table += [f"| {n if n.startswith('**') else f'`{n}`'} | {f'`{cell(t)}`' if t else ''} | {f'`{cell(d)}`' if d else ''} | {cell(c)} |" for n, t, d, c in rows]

@@ -131,6 +131,15 @@ def test_the_site_needs_no_network(site):
     assert list((site / "site_libs" / "katex" / "fonts").glob("*.woff2"))
 
 
+def test_no_page_shows_the_build_machine(site):
+    "No page carries a path of the machine that built it, a Python warning, or a raw widget repr."
+    import re
+    leak = re.compile(r"site-packages|/tmp/|/work/|/root/|/home/\w|UserWarning|DeprecationWarning|VBox\(children=")
+    found = [f"{p.name}: {m.group(0)}" for p in sorted(site.glob("*.html"))
+             for m in [leak.search(re.sub(r"<[^>]+>", "", p.read_text(encoding="utf-8")))] if m]
+    assert not found, "pages that show the build machine:\n" + "\n".join(found)
+
+
 def test_full_text_search_index(site):
     entries = json.loads((site / "search.json").read_text())
     hrefs = {e["href"].split("#")[0] for e in entries}
