@@ -305,7 +305,27 @@ class ParamTableRenderer:
             out.append(("**Returns**" if k == "return" else k, anno, default, v.get("docment") or ""))
         return out
 
+    def import_line(self) -> str | None:
+        "Where the name comes from, as the line that imports it (None for names outside this package, or private)."
+        mod = getattr(self.base.sym, "__module__", None) or ""
+        top = (getattr(self.base.sym, "__qualname__", None) or "").split(".")[0]
+        if not top or top.startswith("_"):
+            return None
+        if not mod.startswith("agent_r1_tutorial."):  # defined by a notebook's cell: find it in the package's index
+            from agent_r1_tutorial._modidx import d
+
+            mod = next((m for m, syms in d["syms"].items() if f"{m}.{top}" in syms), "")
+        return f"from {mod} import {top}" if mod else None
+
     def _repr_markdown_(self) -> str:
+        text = self._body()
+        line = self.import_line()
+        if line:  # under the heading, so that a reader knows what to import without searching
+            head, sep, rest = text.partition(f"# {self.base.nm}\n\n")
+            text = f"{head}{sep}`{line}`\n\n{rest}" if sep else text
+        return text
+
+    def _body(self) -> str:
         from fastcore.docments import DocmentText
 
         rows, dm = self.rows(), self.base.dm
