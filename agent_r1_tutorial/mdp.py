@@ -243,11 +243,13 @@ def append_only_violation(self: Trajectory) -> tuple[int, int] | None:
             return k, pos
     return None
 
+# %% ../nbs/01_mdp.ipynb #3d157909
 @patch
 def is_append_only(self: Trajectory) -> bool:
     "True when every step's `obs_ids` is the previous `obs_ids + action_ids + env_ids`."
     return self.append_only_violation() is None
 
+# %% ../nbs/01_mdp.ipynb #c215e34a
 @patch
 def check_append_only(self: Trajectory):
     "Raise a ValueError naming the first step whose observation is not the previous one extended."
@@ -258,6 +260,7 @@ def check_append_only(self: Trajectory):
                          f"obs_ids + action_ids + env_ids (they differ at position {pos}), so there is no single "
                          "growing sequence; use one row per step (masks.step_layout) instead")
 
+# %% ../nbs/01_mdp.ipynb #a38d3ba5
 @patch
 def sequence_ids(self: Trajectory) -> list[int]:
     "The whole episode as one token sequence: the prompt, then each action and its `env_ids` (append-only only)."
@@ -267,6 +270,7 @@ def sequence_ids(self: Trajectory) -> list[int]:
         ids += s.action_ids + s.env_ids
     return ids
 
+# %% ../nbs/01_mdp.ipynb #8261fb2e
 @patch
 def token_roles(self: Trajectory) -> list[str]:
     "Who produced each token of `sequence_ids()`: 'prompt', 'model', 'tool' or 'template'."
@@ -277,7 +281,6 @@ def token_roles(self: Trajectory) -> list[str]:
         # without labels, the environment's tokens can only be called its content
         roles += list(s.env_roles) if s.env_roles is not None else ["tool"] * len(s.env_ids)
     return roles
-
 
 # %% ../nbs/01_mdp.ipynb #6f4b961d
 def encode_segments(
@@ -331,6 +334,7 @@ def to_dict(self: Trajectory) -> dict:
     return {"uid": self.uid, "group": self.group, "outcome_reward": self.outcome_reward,
             "metadata": self.metadata, "steps": [_step_dict(s) for s in self.steps]}
 
+# %% ../nbs/01_mdp.ipynb #b3b90b76
 @patch(cls_method=True)
 def from_dict(cls: Trajectory, d: dict) -> Trajectory:
     "Rebuild a trajectory from `to_dict()` output, checking every field again."
@@ -348,7 +352,6 @@ def from_dict(cls: Trajectory, d: dict) -> Trajectory:
     return cls(steps=steps, outcome_reward=d["outcome_reward"], uid=d["uid"], group=d["group"],
                metadata=d["metadata"])
 
-
 # %% ../nbs/01_mdp.ipynb #398d5d3e
 @patch
 def save_json(self: Trajectory, path: str | Path) -> Path:
@@ -358,11 +361,11 @@ def save_json(self: Trajectory, path: str | Path) -> Path:
     path.write_text(json.dumps(self.to_dict()), encoding="utf-8")
     return path
 
+# %% ../nbs/01_mdp.ipynb #b8bcaf3d
 @patch(cls_method=True)
 def load_json(cls: Trajectory, path: str | Path) -> Trajectory:
     "Read a trajectory written by `save_json`."
     return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
-
 
 # %% ../nbs/01_mdp.ipynb #09abd1fb
 def _schema():
@@ -541,11 +544,11 @@ def transcript(self: Trajectory, tokenizer) -> str:
     "The episode as readable text: each segment with who produced it, its length and, for actions, log π and reward."
     return _transcript(self, tokenizer)
 
+# %% ../nbs/01_mdp.ipynb #aaad9d43
 @patch
 def transcript_html(self: Trajectory, tokenizer) -> str:
     "The episode as HTML: tokens coloured by producer; hover shows id, producer, step and log-prob."
     return _transcript_html(self, tokenizer)
-
 
 # %% ../nbs/01_mdp.ipynb #8a58e63a
 def plot_timeline(

@@ -598,13 +598,13 @@ def train(
             callback(self, m)
     return history
 
+# %% ../nbs/10_trainer.ipynb #da588106
 @patch
 def evaluate(self: Trainer, tasks: Sequence[dict], greedy: bool = True) -> tuple[dict, list]:
     "Play each task once (greedy by default) without training; return metrics and trajectories."
     with torch.no_grad():
         trajs = self.rollout(list(tasks), 1, greedy=greedy, tag="eval")
     return _episode_stats(trajs), trajs
-
 
 # %% ../nbs/10_trainer.ipynb #3ed9c74d
 def _rng_state(self: Trainer) -> dict:
