@@ -139,3 +139,23 @@ def test_the_algorithm_names_agree_across_the_scales():
     cli = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cli)
     assert sorted(cli.ALGORITHMS) == sorted(ALGORITHMS) == sorted(VERL_ALGORITHMS) == sorted(RECIPES)
+
+
+def test_cell_lengths_counts_long_cells_and_refuses_a_bad_limit(tmp_path):
+    "scripts/cell_lengths.py: counts the export cells and functions over a limit; a bad limit or folder is refused."
+    import json
+    nb = {"cells": [{"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+                     "source": "#| export\ndef f():\n" + "    x = 1\n" * 70},
+                    {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+                     "source": "#| export\ndef g():\n    return 1\n"}],
+          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    (tmp_path / "a.ipynb").write_text(json.dumps(nb))
+    script = [sys.executable, str(ROOT / "scripts" / "cell_lengths.py")]
+    res = subprocess.run([*script, "--nbs", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert "export cells: 2, over 60 lines: 1" in res.stdout and "functions and methods: 2, over 60 lines: 1" in res.stdout
+    assert "a.ipynb: f" in res.stdout
+    res = subprocess.run([*script, "--limit", "0"], capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0 and "--limit must be a positive number of lines" in res.stderr
+    res = subprocess.run([*script, "--nbs", str(tmp_path / "none")], capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0 and "no notebooks in" in res.stderr
