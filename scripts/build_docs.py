@@ -12,7 +12,7 @@ with smalldocs, a pure-Python renderer of `_quarto.yml` projects:
    00_core.ipynb -> core.html), so that nbdev's doc links resolve;
 3. smalldocs renders the site; any warning other than the known "Quarto-only key" notes fails the build
    (a broken link is such a warning); nbdev links a private name to `#_name` where the API entry's anchor is
-   `#name`, so those links are pointed at the entry;
+   `#name`, so those links are pointed at the entry, and a private name with no entry is not linked;
 4. KaTeX is bundled into the site (smalldocs links it from a CDN), and the theme's import of Google Fonts is
    dropped (the theme's own fallback font stack applies), so that the site loads nothing from the network.
 
@@ -201,11 +201,11 @@ def readme_text() -> str:
 
 
 _ID = re.compile(r'\sid="([^"]+)"')
-_PRIVATE_LINK = re.compile(r'href="([\w.-]+\.html)#_([\w.]+)"')
+_PRIVATE_LINK = re.compile(r'<a href="([\w.-]+\.html)#_([\w.]+)"([^>]*)>(.*?)</a>', re.S)
 
 
 def fix_private_anchors(out: Path) -> int:
-    "Point nbdev's links to private names (`#_name`) at the anchor their API entry gets (`#name`); returns how many."
+    "nbdev links private names (`#_name`): point each at its API entry (`#name`) or, with none, unlink it; how many."
     ids = {page.name: set(_ID.findall(page.read_text(encoding="utf-8"))) for page in out.glob("*.html")}
     fixed = 0
     for page in out.glob("*.html"):
@@ -213,12 +213,15 @@ def fix_private_anchors(out: Path) -> int:
 
         def sub(m):
             nonlocal fixed
-            target, name = m.group(1), m.group(2)
+            target, name, attrs, inner = m.groups()
             have = ids.get(target, set())
-            if f"_{name}" in have or name not in have:
+            if f"_{name}" in have:
                 return m.group(0)
             fixed += 1
-            return f'href="{target}#{name}"'
+            if name in have and target == page.name:  # a helper documented on its own page
+                return f'<a href="{target}#{name}"{attrs}>{inner}</a>'
+            # a helper without an entry of its own, or one nbdev matched by name in another module: no link
+            return inner
 
         new = _PRIVATE_LINK.sub(sub, text)
         if new != text:
