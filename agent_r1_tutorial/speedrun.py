@@ -1261,6 +1261,45 @@ def plot_em_over_time(run_dir: str | Path) -> Path | None:
     return path
 
 # %% ../nbs/11_speedrun.ipynb #d7ccc9a7
+def _rl_section(cfg: dict, rl: list[dict]) -> list[str]:
+    "The report's RL section: throughput, the share of groups with signal, and the no-signal warning."
+    if not rl:
+        return []
+    share = [m["groups/with_variance"] for m in rl if "groups/with_variance" in m]
+    step_s = [m["time/step_s"] for m in rl]
+    n_ep = cfg["prompts_per_step"] * cfg["group_size"]
+    lines = ["", "## RL", "", f"{len(rl)} steps of {cfg['prompts_per_step']} prompts × {cfg['group_size']} episodes: "
+             f"{n_ep * len(rl) / sum(step_s):.1f} episodes/s, a step in {np.mean(step_s):.2f} s on average "
+             f"(rollout {np.mean([m['time/rollout_s'] for m in rl]):.2f} s, update "
+             f"{np.mean([m['time/update_s'] for m in rl]):.2f} s)."]
+    if share:
+        lines += ["", f"Signal: {np.mean(share):.0%} of a step's groups held episodes with different rewards, on "
+                  f"average (from {min(share):.0%} to {max(share):.0%}); only those groups have a non-zero "
+                  "advantage." + (f" The update used {np.mean([m.get('update/rows_kept', 1.0) for m in rl]):.0%} "
+                                  "of the rows (the rest had zero advantage)." if "update/rows_kept" in rl[0] else "")]
+    if (msg := rl_signal(rl)):
+        lines += ["", f"**Warning:** {msg}"]
+    return lines
+
+
+def _timeline_section(pts: list[dict]) -> list[str]:
+    "The report's table of held-out evaluations through the run (SFT, then RL)."
+    if not pts:
+        return []
+    kinds_t = sorted({k for p in pts for k in p if k.startswith("em/") and k != "em/all"})
+    two = any("after_2_searches/2-hop" in p for p in pts)
+    lines = ["", "Held-out evaluations through the run:", "",
+             "| stage | step | minutes | " + " | ".join(kinds_t) + (" | 2-hop answered after 2 searches |" if two else " |"),
+             "|---|---|---|" + "---|" * (len(kinds_t) + two)]
+    for p in pts:
+        cells = [f"{p[k]:.3f}" if k in p else "" for k in kinds_t]
+        if two:
+            cells.append(f"{p['after_2_searches/2-hop']:.3f}" if "after_2_searches/2-hop" in p else "")
+        stage = {"sft_end": "SFT (end)", "sft": "SFT", "rl": "RL"}[p["stage"]]
+        lines.append(f"| {stage} | {p.get('step', '')} | {p['minutes']:.1f} | " + " | ".join(cells) + " |")
+    return lines
+
+# %% ../nbs/11_speedrun.ipynb #ea9a04a8
 def write_report(run_dir: str | Path) -> Path:
     "The report card `report.md` of a run folder."
     run_dir = Path(run_dir)
@@ -1289,34 +1328,7 @@ def write_report(run_dir: str | Path) -> Path:
         lines += ["", f"Rollout throughput of the batched loop (greedy evaluation): "
                   f"{evals['final']['agent_tokens_per_s']:.0f} agent tokens/s."]
     rl = read_jsonl(run_dir / "rl" / "metrics.jsonl") if (run_dir / "rl" / "metrics.jsonl").exists() else []
-    if rl:
-        share = [m["groups/with_variance"] for m in rl if "groups/with_variance" in m]
-        step_s = [m["time/step_s"] for m in rl]
-        n_ep = cfg["prompts_per_step"] * cfg["group_size"]
-        lines += ["", "## RL", "", f"{len(rl)} steps of {cfg['prompts_per_step']} prompts × {cfg['group_size']} episodes: "
-                  f"{n_ep * len(rl) / sum(step_s):.1f} episodes/s, a step in {np.mean(step_s):.2f} s on average "
-                  f"(rollout {np.mean([m['time/rollout_s'] for m in rl]):.2f} s, update "
-                  f"{np.mean([m['time/update_s'] for m in rl]):.2f} s)."]
-        if share:
-            lines += ["", f"Signal: {np.mean(share):.0%} of a step's groups held episodes with different rewards, on "
-                      f"average (from {min(share):.0%} to {max(share):.0%}); only those groups have a non-zero "
-                      "advantage." + (f" The update used {np.mean([m.get('update/rows_kept', 1.0) for m in rl]):.0%} "
-                                      "of the rows (the rest had zero advantage)." if "update/rows_kept" in rl[0] else "")]
-        if (msg := rl_signal(rl)):
-            lines += ["", f"**Warning:** {msg}"]
-    pts = em_timeline(run_dir)
-    if pts:
-        kinds_t = sorted({k for p in pts for k in p if k.startswith("em/") and k != "em/all"})
-        two = any("after_2_searches/2-hop" in p for p in pts)
-        lines += ["", "Held-out evaluations through the run:", "",
-                  "| stage | step | minutes | " + " | ".join(kinds_t) + (" | 2-hop answered after 2 searches |" if two else " |"),
-                  "|---|---|---|" + "---|" * (len(kinds_t) + two)]
-        for p in pts:
-            cells = [f"{p[k]:.3f}" if k in p else "" for k in kinds_t]
-            if two:
-                cells.append(f"{p['after_2_searches/2-hop']:.3f}" if "after_2_searches/2-hop" in p else "")
-            stage = {"sft_end": "SFT (end)", "sft": "SFT", "rl": "RL"}[p["stage"]]
-            lines.append(f"| {stage} | {p.get('step', '')} | {p['minutes']:.1f} | " + " | ".join(cells) + " |")
+    lines += _rl_section(cfg, rl) + _timeline_section(em_timeline(run_dir))
     lines += ["", "## Wall time per stage", "", "| stage | seconds |", "|---|---|"]
     lines += [f"| {s} | {times[s]:.1f} |" for s in STAGE_NAMES if s in times]
     lines += [f"| **total** | **{sum(times.values()):.1f}** |", "", "## Plots", ""]

@@ -362,6 +362,16 @@ _REFUSED_OPS = {ast.BitXor: "'^' is not allowed (write powers as **)", ast.BitAn
 _ALLOWED = "numbers, + - * / // % ** and parentheses"
 
 # %% ../nbs/03_tools.ipynb #92f05e7b
+def _check_power(a, b, max_exponent: float, max_abs: float):
+    "Refuse a ** b before computing it when it would be too large, or not a real number."
+    if abs(b) > max_exponent:
+        raise CalculatorError(f"the exponent {b:g} exceeds the limit of {max_exponent:g}")
+    if abs(a) > 1 and b > 0 and b * math.log10(abs(a)) > math.log10(max_abs):
+        raise CalculatorError(f"{a:g} ** {b:g} would exceed the limit of {max_abs:g}")
+    if a < 0 and isinstance(b, float) and not b.is_integer():
+        raise CalculatorError("a negative number to a fractional power is not a real number")
+
+# %% ../nbs/03_tools.ipynb #09d4ed41
 def safe_eval(
     expression: str,  # arithmetic such as "(1482 - 1350) * 2.5"
     max_abs: float = 1e100,  # refuse any intermediate result larger than this in absolute value
@@ -405,12 +415,7 @@ def safe_eval(
                 raise CalculatorError(_REFUSED_OPS[type(node.op)])
             a, b = walk(node.left), walk(node.right)
             if isinstance(node.op, ast.Pow):
-                if abs(b) > max_exponent:
-                    raise CalculatorError(f"the exponent {b:g} exceeds the limit of {max_exponent:g}")
-                if abs(a) > 1 and b > 0 and b * math.log10(abs(a)) > math.log10(max_abs):
-                    raise CalculatorError(f"{a:g} ** {b:g} would exceed the limit of {max_abs:g}")
-                if a < 0 and isinstance(b, float) and not b.is_integer():
-                    raise CalculatorError("a negative number to a fractional power is not a real number")
+                _check_power(a, b, max_exponent, max_abs)
             try:
                 return check(_BIN_OPS[type(node.op)](a, b))
             except ZeroDivisionError:
