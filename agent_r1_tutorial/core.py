@@ -290,7 +290,12 @@ class ParamTableRenderer:
 
     def rows(self) -> list[tuple[str, str, str, str]]:
         "(name, type, default, comment) of each documented parameter, and of the return value if it has a comment."
-        from fastcore.docments import DocmentText, _fmt_default, _type_str, docments, empty
+        import fastcore.docments as fd
+        from fastcore.docments import DocmentText, docments, empty
+
+        # fastcore's own formatting of types and defaults, as in the signature; plain text if a version lacks them
+        type_str = getattr(fd, "_type_str", lambda a: getattr(a, "__name__", str(a)))
+        fmt_default = getattr(fd, "_fmt_default", repr)
 
         try:  # read from the source: a dataclass's field comments too (its generated __init__ has none)
             dm = docments(self.base.sym, full=True)
@@ -300,8 +305,8 @@ class ParamTableRenderer:
         for k, v in dm.items():
             if k in ("self", "cls") or (k == "return" and not v.get("docment")):
                 continue
-            anno = "" if v.get("anno", empty) is empty else _type_str(v["anno"])
-            default = "" if v.get("default", empty) is empty else _fmt_default(v["default"])
+            anno = "" if v.get("anno", empty) is empty else type_str(v["anno"])
+            default = "" if v.get("default", empty) is empty else fmt_default(v["default"])
             out.append(("**Returns**" if k == "return" else k, anno, default, v.get("docment") or ""))
         return out
 
