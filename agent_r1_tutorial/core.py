@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
+from fastcore.basics import patch
 import torch
 
 # %% auto #0
@@ -163,7 +164,18 @@ def ema(
     return out
 
 # %% ../nbs/00_core.ipynb #814bfbe2
-DEFAULT_PACKAGES = ("agent_r1_tutorial", "torch", "transformers", "tokenizers", "numpy", "verl", "vllm", "ray", "faiss-cpu", "faiss-gpu")
+DEFAULT_PACKAGES = (
+    "agent_r1_tutorial",
+    "torch",
+    "transformers",
+    "tokenizers",
+    "numpy",
+    "verl",
+    "vllm",
+    "ray",
+    "faiss-cpu",
+    "faiss-gpu",
+)
 
 def _git_commit(path: Path) -> str | None:
     "The commit of the git checkout holding `path` (with '-dirty' when it has uncommitted changes), or None."
@@ -238,7 +250,8 @@ class Registry:
         self.kind, self.base, self._items = kind, base, {}
 
     def register(self, obj=None, *, name: str | None = None):
-        "Register `obj` under `name` (default: its `name` attribute); usable as `@reg.register` or `@reg.register(name=...)`."
+        """Register `obj` under `name` (default: its `name` attribute); usable as `@reg.register` or
+        `@reg.register(name=...)`."""
         def deco(obj):
             if self.base is not None and not (isinstance(obj, type) and issubclass(obj, self.base)):
                 raise TypeError(f"the {self.kind} registry takes {self.base.__name__} subclasses, got {obj!r}")
@@ -288,28 +301,6 @@ class ParamTableRenderer:
             from fastcore.docments import MarkdownRenderer as Base
         self.base = Base(sym, name=name, title_level=title_level)
 
-    def rows(self) -> list[tuple[str, str, str, str]]:
-        "(name, type, default, comment) of each documented parameter, and of the return value if it has a comment."
-        import fastcore.docments as fd
-        from fastcore.docments import DocmentText, docments, empty
-
-        # fastcore's own formatting of types and defaults, as in the signature; plain text if a version lacks them
-        type_str = getattr(fd, "_type_str", lambda a: getattr(a, "__name__", str(a)))
-        fmt_default = getattr(fd, "_fmt_default", repr)
-
-        try:  # read from the source: a dataclass's field comments too (its generated __init__ has none)
-            dm = docments(self.base.sym, full=True)
-        except Exception:  # no source to read (a builtin, a function made at run time)
-            dm = self.base.dm.dm if isinstance(self.base.dm, DocmentText) else {}
-        out = []
-        for k, v in dm.items():
-            if k in ("self", "cls") or (k == "return" and not v.get("docment")):
-                continue
-            anno = "" if v.get("anno", empty) is empty else type_str(v["anno"])
-            default = "" if v.get("default", empty) is empty else fmt_default(v["default"])
-            out.append(("**Returns**" if k == "return" else k, anno, default, v.get("docment") or ""))
-        return out
-
     def import_line(self) -> str | None:
         "Where the name comes from, as the line that imports it (None for names outside this package, or private)."
         mod = getattr(self.base.sym, "__module__", None) or ""
@@ -347,5 +338,33 @@ class ParamTableRenderer:
             text = self.base._repr_markdown_()
         cell = lambda s: str(s).replace("|", "\\|").replace("\n", " ")
         table = ["", "| | Type | Default | Details |", "|---|---|---|---|"]
-        table += [f"| {n if n.startswith('**') else f'`{n}`'} | {f'`{cell(t)}`' if t else ''} | {f'`{cell(d)}`' if d else ''} | {cell(c)} |" for n, t, d, c in rows]
+        table += [
+            f"| {n if n.startswith('**') else f'`{n}`'} | {f'`{cell(t)}`' if t else ''} "
+            f"| {f'`{cell(d)}`' if d else ''} | {cell(c)} |"
+            for n, t, d, c in rows
+        ]
         return text + "\n" + "\n".join(table) + "\n"
+
+# %% ../nbs/00_core.ipynb #7f3616cb
+@patch
+def rows(self: ParamTableRenderer) -> list[tuple[str, str, str, str]]:
+    "(name, type, default, comment) of each documented parameter, and of the return value if it has a comment."
+    import fastcore.docments as fd
+    from fastcore.docments import DocmentText, docments, empty
+
+    # fastcore's own formatting of types and defaults, as in the signature; plain text if a version lacks them
+    type_str = getattr(fd, "_type_str", lambda a: getattr(a, "__name__", str(a)))
+    fmt_default = getattr(fd, "_fmt_default", repr)
+
+    try:  # read from the source: a dataclass's field comments too (its generated __init__ has none)
+        dm = docments(self.base.sym, full=True)
+    except Exception:  # no source to read (a builtin, a function made at run time)
+        dm = self.base.dm.dm if isinstance(self.base.dm, DocmentText) else {}
+    out = []
+    for k, v in dm.items():
+        if k in ("self", "cls") or (k == "return" and not v.get("docment")):
+            continue
+        anno = "" if v.get("anno", empty) is empty else type_str(v["anno"])
+        default = "" if v.get("default", empty) is empty else fmt_default(v["default"])
+        out.append(("**Returns**" if k == "return" else k, anno, default, v.get("docment") or ""))
+    return out

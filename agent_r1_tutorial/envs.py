@@ -68,7 +68,8 @@ _ENDS = ("answer", "no_tool_call", "max_new_tokens", "max_turns", "max_tokens")
 
 
 class AgentEnv:
-    "The environment contract: `reset(**task) -> Observation`; `step(action) -> (observation, reward, terminated, truncated, info)`."
+    """The environment contract: `reset(**task) -> Observation`; `step(action) -> (observation, reward, terminated,
+    truncated, info)`."""
 
     def __init__(self):
         self._started, self._done, self._busy, self.end_reason = False, False, False, None
@@ -113,7 +114,6 @@ class AgentEnv:
     def done(self) -> bool:
         "True once the episode has terminated or been truncated."
         return self._done
-
 
 # %% ../nbs/05_envs.ipynb #751d0d75
 @patch
@@ -323,12 +323,16 @@ class ToolEnv(AgentEnv):
         tool_format: str | ToolFormat = "hermes",  # "hermes", "search_r1", or a ToolFormat
         max_turns: int = 5,  # the most model responses per episode
         max_tokens: int | None = None,  # the most tokens in the context the model reads; None = no limit
-        count_tokens: Callable[[Sequence[dict]], int] | None = None,  # messages -> tokens (default: from `tokenizer`, else an estimate)
+        count_tokens: (
+            Callable[[Sequence[dict]], int] | None
+        ) = None,  # messages -> tokens (default: from `tokenizer`, else an estimate)
         tokenizer=None,  # counts tokens with its chat template when `count_tokens` is not given
         context_policy: Callable[[list[dict], ContextBudget], list[dict]] | None = None,  # default: FullHistory()
         invalid_call_reward: float = -0.1,  # step reward of each failed call
         reward_fn: Callable[[str | None, dict], float] | None = None,  # (answer, task) -> outcome reward at the end
-        process_reward_fn: Callable[[ToolCall | None, ToolResult, dict], float | None] | None = None,  # (call, result, task) -> a call's reward (None: keep the tool's)
+        process_reward_fn: (
+            Callable[[ToolCall | None, ToolResult, dict], float | None] | None
+        ) = None,  # (call, result, task) -> a call's reward (None: keep the tool's)
         system_prompt: str | None = "auto",  # "auto": the format's instructions; a string; or None for none
         tool_timeout: float | None = 30.0,  # seconds per call
         max_tool_response_chars: int | None = 2000,  # cut each tool observation to this many characters
@@ -344,14 +348,19 @@ class ToolEnv(AgentEnv):
         self.tool_schemas = self.format.tool_schemas(self.tools)
         self.max_turns, self.max_tokens = max_turns, max_tokens
         if count_tokens is None:
-            count_tokens = chat_token_counter(tokenizer, self.tool_schemas) if tokenizer is not None else approx_token_count
+            count_tokens = (
+                chat_token_counter(tokenizer, self.tool_schemas) if tokenizer is not None else approx_token_count
+            )
         self.count_tokens = count_tokens
         self.context_policy = context_policy or FullHistory()
-        self.invalid_call_reward, self.reward_fn, self.process_reward_fn = invalid_call_reward, reward_fn, process_reward_fn
+        self.invalid_call_reward, self.reward_fn, self.process_reward_fn = (
+            invalid_call_reward,
+            reward_fn,
+            process_reward_fn,
+        )
         self.system_prompt = self.format.instructions(self.tools) if system_prompt == "auto" else system_prompt
         self.tool_timeout, self.max_tool_response_chars = tool_timeout, max_tool_response_chars
         self.max_calls_per_turn = max_calls_per_turn
-
 
 # %% ../nbs/05_envs.ipynb #5a82b3e9
 @patch

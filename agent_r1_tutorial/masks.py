@@ -185,6 +185,22 @@ def _call_text(rng: random.Random, n_calls: int) -> str:
                       + f"\n{TOOL_CALL_END}" for _ in range(n_calls))
     return f"{THINK_START}\n{_phrase(rng, 2, 8)}\n{THINK_END}\n{calls}"
 
+
+def _composed_action(tokenizer, rng: random.Random, last: bool) -> tuple[list[int], list[float], str]:
+    """A made-up action (no model): a tool call, or on the last turn an answer or a cut-off turn; (ids, log-probs,
+    ending)."""
+    ending = rng.choices(["answer", "max_turns", "max_action_tokens"], [0.7, 0.15, 0.15])[0] if last else "call"
+    if ending == "answer":
+        text = f"{THINK_START}\n{_phrase(rng, 2, 8)}\n{THINK_END}\n<answer>{_phrase(rng, 1, 3)}</answer>{IM_END}"
+    else:
+        text = _call_text(rng, 2 if rng.random() < 0.2 else 1)
+        if ending == "call" and rng.random() < 0.5:
+            text += IM_END  # this turn closes itself; otherwise it stopped at </tool_call>
+    action = tokenizer.encode(text, add_special_tokens=False)
+    if ending == "max_action_tokens":
+        action = action[: rng.randint(1, len(action) - 1)]
+    return action, [-rng.expovariate(1.5) for _ in action], ending  # made-up log-probs: no model was sampled
+
 # %% ../nbs/02_masks.ipynb #44ef0ff1
 def random_trajectory(
     tokenizer,  # a fast tokenizer with a Qwen-style chat template (e.g. from `build_tiny_lm`)
@@ -212,18 +228,7 @@ def random_trajectory(
     for k in range(n_turns):
         last = k == n_turns - 1
         if model is None:
-            ending = rng.choices(["answer", "max_turns", "max_action_tokens"], [0.7, 0.15, 0.15])[0] if last else "call"
-            if ending == "answer":
-                text = f"{THINK_START}\n{_phrase(rng, 2, 8)}\n{THINK_END}\n<answer>{_phrase(rng, 1, 3)}</answer>{IM_END}"
-            else:
-                text = _call_text(rng, 2 if rng.random() < 0.2 else 1)
-                if ending == "call" and rng.random() < 0.5:
-                    text += IM_END  # this turn closes itself; otherwise it stopped at </tool_call>
-            action = tokenizer.encode(text, add_special_tokens=False)
-            if ending == "max_action_tokens":
-                action = action[: rng.randint(1, len(action) - 1)]
-            logprobs = [-rng.expovariate(1.5) for _ in action]  # made up: no model was sampled
-            finish = ending
+            action, logprobs, finish = _composed_action(tokenizer, rng, last)
         else:
             action, logprobs, fin = sample_actions(model, obs, 1, max_action_tokens, stop_ids, temperature,
                                                    seed=rng.randrange(2**31))[0]
@@ -372,6 +377,48 @@ def _check_row(i: int, row: dict) -> dict:
         raise ValueError(f"row {i}: response_logprobs and token_level_rewards must be finite")
     return out
 
+# %% ../nbs/02_masks.ipynb #2c3ff885
+def _fit_row(i: int, r: dict, P: int, R: int, truncation: str) -> tuple[list, list, dict]:
+    "One row cut to the budgets (or refused): its prompt ids, response ids and per-token values."
+    p = r["prompt_ids"]
+    if len(p) > P:
+        if truncation != "left":
+            raise ValueError(f"row {i}: the prompt has {len(p)} tokens, over max_prompt_length={P} "
+                             f"(truncation={truncation!r}; 'left' would drop its oldest tokens)")
+        p = p[len(p) - P:]
+    vals = {k: list(r[k]) for k in _PER_TOKEN}
+    resp = r["response_ids"]
+    if len(resp) > R:
+        if truncation != "right":
+            raise ValueError(f"row {i}: the response has {len(resp)} tokens, over max_response_length={R} "
+                             f"(truncation={truncation!r}; 'right' would drop its last tokens)")
+        dropped = sum(vals["token_level_rewards"][R:])
+        resp = resp[:R]
+        vals = {k: v[:R] for k, v in vals.items()}
+        if dropped:  # a reward past the cut moves to the last policy token kept, so no reward is lost
+            kept = [t for t in range(R) if vals["response_mask"][t]]
+            if not kept:
+                raise ValueError(f"row {i}: truncation leaves no policy token to carry the dropped reward")
+            vals["token_level_rewards"][kept[-1]] += dropped
+    return p, resp, vals
+
+
+def _pass_through(rows: Sequence[dict], out: dict) -> dict:
+    "Every other key of the rows, batched: numbers as tensors, anything else as a list."
+    for key in rows[0]:
+        if key in out or key in _PER_TOKEN or key in ("prompt_ids", "response_ids"):
+            continue
+        vals = [r.get(key) for r in rows]
+        if all(isinstance(v, (bool, np.bool_)) for v in vals):
+            out[key] = torch.tensor(vals, dtype=torch.bool)
+        elif all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in vals):
+            out[key] = torch.tensor(vals, dtype=torch.long)
+        elif all(isinstance(v, (float, np.floating)) for v in vals):
+            out[key] = torch.tensor(vals, dtype=torch.float32)
+        else:
+            out[key] = vals
+    return out
+
 # %% ../nbs/02_masks.ipynb #75cd26b5
 def collate(
     rows: Sequence[dict],  # rows from `growing_layout` or `step_layout` (or any dicts with the same keys)
@@ -401,27 +448,8 @@ def collate(
                for k, v in _PER_TOKEN.items()}
     p_cut, r_cut = [], []
     for i, r in enumerate(rows):
-        p = r["prompt_ids"]
-        if len(p) > P:
-            if truncation != "left":
-                raise ValueError(f"row {i}: the prompt has {len(p)} tokens, over max_prompt_length={P} "
-                                 f"(truncation={truncation!r}; 'left' would drop its oldest tokens)")
-            p = p[len(p) - P:]
+        p, resp, vals = _fit_row(i, r, P, R, truncation)
         p_cut.append(len(r["prompt_ids"]) - len(p))
-        vals = {k: list(r[k]) for k in _PER_TOKEN}
-        resp = r["response_ids"]
-        if len(resp) > R:
-            if truncation != "right":
-                raise ValueError(f"row {i}: the response has {len(resp)} tokens, over max_response_length={R} "
-                                 f"(truncation={truncation!r}; 'right' would drop its last tokens)")
-            dropped = sum(vals["token_level_rewards"][R:])
-            resp = resp[:R]
-            vals = {k: v[:R] for k, v in vals.items()}
-            if dropped:
-                kept = [t for t in range(R) if vals["response_mask"][t]]
-                if not kept:
-                    raise ValueError(f"row {i}: truncation leaves no policy token to carry the dropped reward")
-                vals["token_level_rewards"][kept[-1]] += dropped
         r_cut.append(len(r["response_ids"]) - len(resp))
         prompts[i, P - len(p):] = torch.tensor(p)
         p_attn[i, P - len(p):] = 1
@@ -440,19 +468,7 @@ def collate(
         "step_ids": per_tok["step_ids"],
         "prompt_truncated": torch.tensor(p_cut), "response_truncated": torch.tensor(r_cut),
     }
-    for key in rows[0]:  # everything else passes through: numbers as tensors, anything else as a list
-        if key in out or key in _PER_TOKEN or key in ("prompt_ids", "response_ids"):
-            continue
-        vals = [r.get(key) for r in rows]
-        if all(isinstance(v, (bool, np.bool_)) for v in vals):
-            out[key] = torch.tensor(vals, dtype=torch.bool)
-        elif all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in vals):
-            out[key] = torch.tensor(vals, dtype=torch.long)
-        elif all(isinstance(v, (float, np.floating)) for v in vals):
-            out[key] = torch.tensor(vals, dtype=torch.float32)
-        else:
-            out[key] = vals
-    return out
+    return _pass_through(rows, out)  # everything else: numbers as tensors, anything else as a list
 
 # %% ../nbs/02_masks.ipynb #94083b1c
 def compute_log_probs(

@@ -88,7 +88,9 @@ def _check_json(name: str, d) -> dict:
     try:
         json.dumps(d)
     except (TypeError, ValueError) as e:
-        raise TypeError(f"{name} must hold only JSON-serialisable values (it is saved with the trajectory): {e}") from None
+        raise TypeError(
+            f"{name} must hold only JSON-serialisable values (it is saved with the trajectory): {e}"
+        ) from None
     return d
 
 # %% ../nbs/01_mdp.ipynb #b86f5c45
@@ -235,7 +237,8 @@ def total_reward(self: Trajectory) -> float:
 # %% ../nbs/01_mdp.ipynb #ec2b2423
 @patch
 def append_only_violation(self: Trajectory) -> tuple[int, int] | None:
-    "`(step, position)` of the first observation that is not the previous one with the action and `env_ids` appended; None if there is none."
+    """`(step, position)` of the first observation that is not the previous one with the action and `env_ids` appended;
+    None if there is none."""
     for k in range(1, len(self.steps)):
         p = self.steps[k - 1]
         pos = _first_difference(self.steps[k].obs_ids, p.obs_ids + p.action_ids + p.env_ids)
@@ -390,7 +393,9 @@ def _rows(trajectories: Sequence[Trajectory]) -> list[dict]:
         if not isinstance(t, Trajectory):
             raise TypeError(f"trajectories[{n}] must be a Trajectory, got {type(t).__name__}")
         if t.uid in seen:
-            raise ValueError(f"trajectories[{n}] repeats uid {t.uid!r}: rows are grouped back by uid, so uids must be unique")
+            raise ValueError(
+                f"trajectories[{n}] repeats uid {t.uid!r}: rows are grouped back by uid, so uids must be unique"
+            )
         seen.add(t.uid)
         for k, s in enumerate(t.steps):
             d = _step_dict(s)

@@ -51,7 +51,9 @@ def _golds(ground_truth: Any) -> list[str]:
         if not golds:
             raise ValueError("ground_truth is an empty list: there is nothing to compare with")
         return golds
-    raise TypeError(f"ground_truth must be a str, a list of str or a dict with 'target', got {type(ground_truth).__name__}")
+    raise TypeError(
+        f"ground_truth must be a str, a list of str or a dict with 'target', got {type(ground_truth).__name__}"
+    )
 
 
 def exact_match(
@@ -251,7 +253,11 @@ def numbers_match(
                                           filter(None, map(extract_final_number, _golds(ground_truth)))))
 
 # %% ../nbs/07_rewards.ipynb #9e88f797
-ANSWER_METRICS: dict[str, Callable[[str, Any], float]] = {"em": exact_match, "f1": f1_score, "substring": substring_match}
+ANSWER_METRICS: dict[str, Callable[[str, Any], float]] = {
+    "em": exact_match,
+    "f1": f1_score,
+    "substring": substring_match,
+}
 
 
 def answer_format_score(

@@ -80,7 +80,8 @@ def _check_contexts(contexts, keys, budgets, params) -> tuple[list[list[int]], l
 
 # %% ../nbs/06_rollout.ipynb #667c9f4b
 class GrowingCacheLayer(DynamicLayer):
-    "A `DynamicLayer` whose keys and values live in a buffer that doubles when full: appending copies only the new tokens."
+    """A `DynamicLayer` whose keys and values live in a buffer that doubles when full: appending copies only the new
+    tokens."""
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
@@ -179,7 +180,8 @@ class _KVState:
 
 # %% ../nbs/06_rollout.ipynb #4f84abeb
 class HFBackend(PolicyBackend):
-    "Batched sampling from a Hugging Face causal LM, with per-episode stops and budgets and a KV cache kept across turns."
+    """Batched sampling from a Hugging Face causal LM, with per-episode stops and budgets and a KV cache kept across
+    turns."""
 
     def __init__(
         self,
@@ -202,7 +204,6 @@ class HFBackend(PolicyBackend):
         self.stats = {"fed_tokens": 0, "generated_tokens": 0, "forward_calls": 0, "cache_restarts": 0,
                       "prefill_s": 0.0, "decode_s": 0.0}  # forward time: contexts fed in, then one token per call
         # (on a GPU these clock kernel launches, not the kernels: the CPU does not wait for them here)
-
 
 # %% ../nbs/06_rollout.ipynb #3a193226
 @patch
@@ -347,7 +348,9 @@ class ScriptedBackend(PolicyBackend):
             text = self.policy(self.tokenizer.decode(c, skip_special_tokens=False))
             if not isinstance(text, str) or not text:
                 raise ValueError(f"the scripted policy must return a non-empty string, got {text!r}")
-            ids = self.tokenizer.encode(text, add_special_tokens=False) + ([self.tokenizer.eos_token_id] if self.eos else [])
+            ids = self.tokenizer.encode(text, add_special_tokens=False) + (
+                [self.tokenizer.eos_token_id] if self.eos else []
+            )
             reason = "stop" if self.eos else "length"
             if len(ids) > budget:
                 ids, reason = ids[:budget], "length"
@@ -401,7 +404,9 @@ class AgentEnvLoop:
         if not isinstance(backend, PolicyBackend):
             raise TypeError(f"backend must be a PolicyBackend, got {type(backend).__name__}")
         if not (isinstance(max_context, int) and max_context > 1 and isinstance(max_turns, int) and max_turns >= 1):
-            raise ValueError(f"max_context must be an int > 1 and max_turns a positive int, got {max_context!r}, {max_turns!r}")
+            raise ValueError(
+                f"max_context must be an int > 1 and max_turns a positive int, got {max_context!r}, {max_turns!r}"
+            )
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has no EOS token: the end of an assistant turn is unknown")
         self.backend, self.tokenizer, self.params = backend, tokenizer, params
@@ -419,7 +424,6 @@ class AgentEnvLoop:
             env_ids, roles = env_suffix(self.tokenizer, new_messages, ended, tools=new_obs.tools)
             return ep.context + action_ids + env_ids, env_ids, roles
         return initial_prompt_ids(self.tokenizer, new_obs.messages, new_obs.tools), [], None
-
 
 # %% ../nbs/06_rollout.ipynb #c74bc962
 @patch

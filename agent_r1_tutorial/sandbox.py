@@ -297,7 +297,9 @@ def run_sandboxed(
     work = root / "work"
     (root / "code.py").write_text(code, encoding="utf-8")
     try:
-        with open(root / "code.py", "rb") as stdin, open(root / "stdout", "wb") as out, open(root / "stderr", "wb") as err:
+        with open(root / "code.py", "rb") as stdin, open(root / "stdout", "wb") as out, open(
+            root / "stderr", "wb"
+        ) as err:
             t0 = time.monotonic()
             proc = subprocess.Popen([python or sys.executable, "-I", "-B", "-X", "utf8", "-c", _BOOT, json.dumps(cfg)],
                                     stdin=stdin, stdout=out, stderr=err, cwd=work, env=env,

@@ -19,6 +19,7 @@ from typing import Callable, Iterable, Sequence
 import bm25s
 import faiss
 import numpy as np
+from fastcore.basics import patch
 
 from .tools import BaseTool, ToolResult, register_tool
 
@@ -75,25 +76,6 @@ class DocStore:
     def __getitem__(self, i: int) -> Doc:
         return self.docs[i]
 
-    def get(self, id: str) -> Doc:
-        "The document with this id."
-        if id not in self._pos:
-            raise KeyError(f"no document with id {id!r}")
-        return self.docs[self._pos[id]]
-
-    def position(self, id: str) -> int:
-        "The index position of the document with this id."
-        self.get(id)  # the same error for an unknown id
-        return self._pos[id]
-
-    def save(self, path: str | Path):
-        "Write one JSON object per line: id, title, text."
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w", encoding="utf-8") as f:
-            for d in self.docs:
-                f.write(json.dumps({"id": d.id, "title": d.title, "text": d.text}, ensure_ascii=False) + "\n")
-
     @classmethod
     def load(cls, path: str | Path) -> DocStore:
         "Read a store written by `save`."
@@ -102,6 +84,31 @@ class DocStore:
 
     def __repr__(self):
         return f"DocStore({len(self)} documents)"
+
+# %% ../nbs/04_search.ipynb #e319703a
+@patch
+def get(self: DocStore, id: str) -> Doc:
+    "The document with this id."
+    if id not in self._pos:
+        raise KeyError(f"no document with id {id!r}")
+    return self.docs[self._pos[id]]
+
+
+@patch
+def position(self: DocStore, id: str) -> int:
+    "The index position of the document with this id."
+    self.get(id)  # the same error for an unknown id
+    return self._pos[id]
+
+
+@patch
+def save(self: DocStore, path: str | Path):
+    "Write one JSON object per line: id, title, text."
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for d in self.docs:
+            f.write(json.dumps({"id": d.id, "title": d.title, "text": d.text}, ensure_ascii=False) + "\n")
 
 # %% ../nbs/04_search.ipynb #c02b5c1a
 _SYL = ("bar vel dor ket lis mor an ost rin sel tah um quil brae fen gar hol ish jor kal lun nev pel ros sor tor "
@@ -119,7 +126,7 @@ def _name(rng: random.Random, n: int, taken: set) -> str:
             taken.add(s)
             return s
 
-
+# %% ../nbs/04_search.ipynb #6dfd8612
 def toy_corpus(
     n_towns: int = 60,  # one passage per town
     seed: int = 0,  # the same seed gives the same corpus and questions
@@ -288,7 +295,11 @@ def _set_search_params(index, nprobe: int, ef_search: int):
 
 # %% ../nbs/04_search.ipynb #c228ec0c
 def _check_queries(queries):
-    if isinstance(queries, str) or not isinstance(queries, (list, tuple)) or not all(isinstance(q, str) for q in queries):
+    if (
+        isinstance(queries, str)
+        or not isinstance(queries, (list, tuple))
+        or not all(isinstance(q, str) for q in queries)
+    ):
         raise TypeError("queries must be a list of strings (wrap a single query as [query])")
 
 
@@ -303,7 +314,9 @@ class DenseRetriever:
     def __init__(
         self,
         docs: DocStore | Iterable,  # the passages (a DocStore, or anything DocStore takes)
-        encoder: str | SentenceEncoder = "all-MiniLM-L6-v2",  # an encoder, its name (see ENCODERS), or any object with `name`, `dim`, `encode_queries` and `encode_docs`
+        encoder: (
+            str | SentenceEncoder
+        ) = "all-MiniLM-L6-v2",  # an encoder, its name (ENCODERS), or an object with name, dim, encode_queries/_docs
         index: str = "flat",  # "flat" (exact), "ivf", "hnsw", or a FAISS factory string
         embeddings: np.ndarray | None = None,  # precomputed passage embeddings (skips encoding)
         device: str = "cpu",  # where the encoder runs, when given by name
@@ -318,7 +331,9 @@ class DenseRetriever:
             if embeddings is None:
                 embeddings = self.encoder.encode_docs([d.contents for d in self.docs])
             if embeddings.shape != (len(self.docs), self.encoder.dim):
-                raise ValueError(f"embeddings have shape {embeddings.shape}, expected ({len(self.docs)}, {self.encoder.dim})")
+                raise ValueError(
+                    f"embeddings have shape {embeddings.shape}, expected ({len(self.docs)}, {self.encoder.dim})"
+                )
             faiss_index = build_index(embeddings, index, nprobe=nprobe, ef_search=ef_search)
         self.index = faiss_index
         self._check()
@@ -330,29 +345,6 @@ class DenseRetriever:
         if self.index.d != self.encoder.dim:
             raise ValueError(f"the index has dimension {self.index.d} but the encoder {self.encoder.name!r} "
                              f"makes {self.encoder.dim}: load it with the encoder it was built with")
-
-    def search(
-        self,
-        queries: Sequence[str],  # a batch of queries
-        k: int = 5,  # hits per query
-    ) -> list[list[tuple[Doc, float]]]:  # per query: (doc, cosine score) pairs, best first
-        "Embed the queries in one pass, search them in one FAISS call, and return the top-k passages of each."
-        _check_queries(queries)
-        _check_k(k)
-        if not queries:
-            return []
-        scores, ids = self.index.search(self.encoder.encode_queries(list(queries)), min(k, len(self.docs)))
-        return [[(self.docs[int(i)], float(s)) for s, i in zip(srow, irow) if i >= 0] for srow, irow in zip(scores, ids)]
-
-    def save(self, path: str | Path):
-        "Write the index, the documents and a config to the folder `path`."
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        faiss.write_index(self.index, str(path / "index.faiss"))
-        self.docs.save(path / "docs.jsonl")
-        cfg = {"type": "dense", "encoder": self.encoder.name, "index": self.kind, "dim": self.encoder.dim,
-               "n_docs": len(self.docs), "nprobe": self.nprobe, "ef_search": self.ef_search, "normalized": True}
-        (path / "config.json").write_text(json.dumps(cfg, indent=1))
 
     @classmethod
     def load(
@@ -371,6 +363,33 @@ class DenseRetriever:
 
     def __repr__(self):
         return f"DenseRetriever({len(self.docs)} docs, {self.encoder.name!r}, index={self.kind!r})"
+
+# %% ../nbs/04_search.ipynb #2c076464
+@patch
+def search(
+    self: DenseRetriever,
+    queries: Sequence[str],  # a batch of queries
+    k: int = 5,  # hits per query
+) -> list[list[tuple[Doc, float]]]:  # per query: (doc, cosine score) pairs, best first
+    "Embed the queries in one pass, search them in one FAISS call, and return the top-k passages of each."
+    _check_queries(queries)
+    _check_k(k)
+    if not queries:
+        return []
+    scores, ids = self.index.search(self.encoder.encode_queries(list(queries)), min(k, len(self.docs)))
+    return [[(self.docs[int(i)], float(s)) for s, i in zip(srow, irow) if i >= 0] for srow, irow in zip(scores, ids)]
+
+
+@patch
+def save(self: DenseRetriever, path: str | Path):
+    "Write the index, the documents and a config to the folder `path`."
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    faiss.write_index(self.index, str(path / "index.faiss"))
+    self.docs.save(path / "docs.jsonl")
+    cfg = {"type": "dense", "encoder": self.encoder.name, "index": self.kind, "dim": self.encoder.dim,
+           "n_docs": len(self.docs), "nprobe": self.nprobe, "ef_search": self.ef_search, "normalized": True}
+    (path / "config.json").write_text(json.dumps(cfg, indent=1))
 
 # %% ../nbs/04_search.ipynb #e1d986e3
 def _read_config(path: Path, kind: str) -> dict:
@@ -404,27 +423,6 @@ class BM25Retriever:
     def _tokenize(self, texts):
         return bm25s.tokenize(list(texts), stopwords=self.stopwords, show_progress=False, return_ids=False)
 
-    def search(
-        self,
-        queries: Sequence[str],  # a batch of queries
-        k: int = 5,  # hits per query
-    ) -> list[list[tuple[Doc, float]]]:  # per query: (doc, BM25 score) pairs, best first; zero scores dropped
-        "Score every passage against each query with BM25 and return the top-k with a positive score."
-        _check_queries(queries)
-        _check_k(k)
-        if not queries:
-            return []
-        vocab = self.model.vocab_dict
-        toks = [[w for w in t if w in vocab] for t in self._tokenize(queries)]  # unknown words can only score 0
-        live = [i for i, t in enumerate(toks) if t]
-        out = [[] for _ in queries]
-        if live:  # one batched call for every query that has a word in common with the corpus
-            ids, scores = self.model.retrieve([toks[i] for i in live], k=min(k, len(self.docs)),
-                                              show_progress=False, n_threads=1)
-            for row, i in enumerate(live):
-                out[i] = [(self.docs[int(j)], float(s)) for j, s in zip(ids[row], scores[row]) if s > 0]
-        return out
-
     def save(self, path: str | Path):
         "Write the BM25 index, the documents and a config to the folder `path`."
         path = Path(path)
@@ -448,6 +446,29 @@ class BM25Retriever:
 
     def __repr__(self):
         return f"BM25Retriever({len(self.docs)} docs, k1={self.k1}, b={self.b})"
+
+# %% ../nbs/04_search.ipynb #43da786a
+@patch
+def search(
+    self: BM25Retriever,
+    queries: Sequence[str],  # a batch of queries
+    k: int = 5,  # hits per query
+) -> list[list[tuple[Doc, float]]]:  # per query: (doc, BM25 score) pairs, best first; zero scores dropped
+    "Score every passage against each query with BM25 and return the top-k with a positive score."
+    _check_queries(queries)
+    _check_k(k)
+    if not queries:
+        return []
+    vocab = self.model.vocab_dict
+    toks = [[w for w in t if w in vocab] for t in self._tokenize(queries)]  # unknown words can only score 0
+    live = [i for i, t in enumerate(toks) if t]
+    out = [[] for _ in queries]
+    if live:  # one batched call for every query that has a word in common with the corpus
+        ids, scores = self.model.retrieve([toks[i] for i in live], k=min(k, len(self.docs)),
+                                          show_progress=False, n_threads=1)
+        for row, i in enumerate(live):
+            out[i] = [(self.docs[int(j)], float(s)) for j, s in zip(ids[row], scores[row]) if s > 0]
+    return out
 
 # %% ../nbs/04_search.ipynb #bdbedef2
 def recall_at_k(

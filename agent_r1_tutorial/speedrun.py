@@ -5,9 +5,7 @@
 # %% ../nbs/11_speedrun.ipynb #697f0133
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import hashlib
 import json
 import math
 import random
@@ -22,426 +20,22 @@ import numpy as np
 import torch
 from fastcore.basics import patch
 
-from .core import MetricsLogger, env_report, env_report_md, in_test, read_jsonl, seed_everything
+from .core import MetricsLogger, env_report, env_report_md, read_jsonl, seed_everything
 from .tinylm import train_tokenizer, tiny_qwen2
 from .masks import growing_layout, collate
-from .tools import CalculatorTool, ToolResult
-from .search import BM25Retriever, DenseRetriever, SearchTool, SentenceEncoder
 from .envs import ToolEnv
-from .rollout import AgentEnvLoop, HFBackend, ScriptedBackend, SamplingParams
-from .rewards import exact_match, numbers_match
+from .rollout import HFBackend, ScriptedBackend, SamplingParams
 from .trainer import ALGORITHMS, Trainer, TrainerConfig, latest_checkpoint
+from .worlds import *  # the worlds, questions, search environments and experts (chapter 10a)
 
 # %% auto #0
-__all__ = ['ORG_SUFFIXES', 'ONE_HOP', 'TWO_HOP', 'TASKS', 'RETRIEVERS', 'DRILL_KINDS', 'COPY_ENOUGH', 'STAGE_NAMES', 'RL_FIELDS',
-           'World', 'make_world', 'make_questions', 'Split', 'make_split', 'CachedEncoder', 'NoSearch', 'search_reward',
-           'WorldSearchTool', 'WorldSearch', 'parse_question', 'search_call', 'stops_early', 'search_expert', 'play',
-           'arith_problem', 'make_arith_tasks', 'arith_reward', 'arith_env', 'arith_expert', 'SpeedrunConfig',
-           'parse_set_value', 'Suite', 'build_suite', 'expert_trajectories', 'build_tokenizer', 'longest_turn',
-           'check_turn_budget', 'sft_loss', 'pretrain_batches', 'search_drill', 'arith_drill', 'collate_drills',
-           'drill_batches', 'copy_accuracy', 'copy_check_kinds', 'copy_signal', 'sft_batches', 'train_lm',
-           'episode_record', 'evaluate_agent', 'rl_trainer_config', 'rl_signal', 'run_speedrun', 'plot_run',
-           'em_timeline', 'plot_em_over_time', 'write_report', 'fork_after_sft', 'episode_html', 'trajectory_browser',
-           'fresh_world', 'ask']
-
-# %% ../nbs/11_speedrun.ipynb #42b22e8f
-_CONSONANTS, _VOWELS = "bdfgklmnprstvz", "aeiou"
-ORG_SUFFIXES = ("Works", "Labs", "Group", "Guild", "Foundry", "Trust", "Company")
-
-
-def _word(rng: random.Random, syllables: int = 2) -> str:
-    return "".join(rng.choice(_CONSONANTS) + rng.choice(_VOWELS) + (rng.choice(_CONSONANTS) if rng.random() < 0.3 else "")
-                   for _ in range(syllables)).capitalize()
-
-
-@dataclass
-class World:
-    "Fictional people, organisations and cities, their relations, and one passage per entity."
-    born_in: dict[str, str]  # person -> city
-    works_for: dict[str, str]  # person -> organisation
-    based_in: dict[str, str]  # organisation -> city
-    led_by: dict[str, str]  # organisation -> person (who works there)
-    river: dict[str, str]  # city -> river (a distractor fact)
-
-    @property
-    def people(self) -> list[str]: return list(self.born_in)
-    @property
-    def orgs(self) -> list[str]: return list(self.based_in)
-    @property
-    def cities(self) -> list[str]: return list(self.river)
-
-    def passages(self) -> list[dict]:
-        "One passage per entity, as search documents (`id` is the entity's name)."
-        docs = [{"id": p, "title": "", "text": f"{p} was born in {self.born_in[p]}. {p} works for {self.works_for[p]}."}
-                for p in self.people]
-        docs += [{"id": o, "title": "", "text": f"{o} is based in {self.based_in[o]}. {o} is led by {self.led_by[o]}."}
-                 for o in self.orgs]
-        docs += [{"id": c, "title": "", "text": f"{c} is a city on the {self.river[c]} river."} for c in self.cities]
-        return docs
-
-    def names(self) -> set[str]:
-        "Every name in the world, and every word of every name (what other worlds must not reuse)."
-        out = set()
-        for n in [*self.people, *self.orgs, *self.cities, *self.river.values()]:
-            out.add(n)
-            out.update(w for w in n.split() if w not in ORG_SUFFIXES)
-        return out
-
-# %% ../nbs/11_speedrun.ipynb #6989c4a1
-def make_world(
-    rng: random.Random,  # the source of randomness (the same state gives the same world)
-    n_people: int = 6,
-    n_orgs: int = 2,
-    n_cities: int = 3,
-    banned: set[str] | frozenset = frozenset(),  # names and name words that must not appear (other worlds')
-) -> World:
-    "A random world whose names avoid `banned`."
-    for name, v in (("n_people", n_people), ("n_orgs", n_orgs), ("n_cities", n_cities)):
-        if not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
-    if n_people < n_orgs:
-        raise ValueError(f"every organisation needs a leader among its staff: n_people ({n_people}) < n_orgs ({n_orgs})")
-    used = set(banned)
-
-    def fresh(make):
-        for _ in range(10_000):
-            name = make()
-            words = [w for w in name.split() if w not in ORG_SUFFIXES]
-            if name not in used and not any(w in used for w in words):
-                used.add(name)
-                used.update(words)
-                return name
-        raise RuntimeError("ran out of fresh names: ban fewer names or make smaller worlds")
-
-    cities = [fresh(lambda: _word(rng)) for _ in range(n_cities)]
-    orgs = [fresh(lambda: f"{_word(rng)} {rng.choice(ORG_SUFFIXES)}") for _ in range(n_orgs)]
-    people = [fresh(lambda: f"{_word(rng)} {_word(rng)}") for _ in range(n_people)]
-    # the first len(orgs) people lead one organisation each (and work there); the rest work anywhere
-    works_for = {p: (orgs[i] if i < len(orgs) else rng.choice(orgs)) for i, p in enumerate(people)}
-    return World(born_in={p: rng.choice(cities) for p in people}, works_for=works_for,
-                 based_in={o: rng.choice(cities) for o in orgs}, led_by={o: people[i] for i, o in enumerate(orgs)},
-                 river={c: fresh(lambda: _word(rng)) for c in cities})
-
-# %% ../nbs/11_speedrun.ipynb #b2a644ab
-# template -> (kind of the named entity, relations followed in order)
-ONE_HOP = {"Where was {x} born?": ("person", ("born_in",)),
-           "Who does {x} work for?": ("person", ("works_for",)),
-           "Where is {x} based?": ("org", ("based_in",)),
-           "Who leads {x}?": ("org", ("led_by",))}
-TWO_HOP = {"Where is the employer of {x} based?": ("person", ("works_for", "based_in")),
-           "Who leads the employer of {x}?": ("person", ("works_for", "led_by")),
-           "Where was the leader of {x} born?": ("org", ("led_by", "born_in"))}
-
-
-def make_questions(
-    world: World,
-    rng: random.Random,
-    n: int,  # how many questions
-    hops: int,  # 1 or 2
-    world_id: int = 0,  # recorded in each task, so that the environment can search the right world
-) -> list[dict]:  # tasks: question, answer, hops, world, chain (the entities visited, the answer last)
-    "Random questions about one world, with their answers and the chain of entities that leads to them."
-    if hops not in (1, 2):
-        raise ValueError(f"hops must be 1 or 2, got {hops!r}")
-    templates = ONE_HOP if hops == 1 else TWO_HOP
-    out = []
-    for _ in range(n):
-        tpl = rng.choice(list(templates))
-        kind, path = templates[tpl]
-        x = rng.choice(world.people if kind == "person" else world.orgs)
-        chain = [x]
-        for rel in path:
-            chain.append(getattr(world, rel)[chain[-1]])
-        out.append({"question": tpl.format(x=x), "answer": chain[-1], "hops": hops, "world": world_id, "chain": chain})
-    return out
-
-
-@dataclass
-class Split:
-    "Worlds and the tasks about them."
-    worlds: list[World]
-    tasks: list[dict]
-
-    def names(self) -> set[str]:
-        return set().union(*(w.names() for w in self.worlds)) if self.worlds else set()
-
-# %% ../nbs/11_speedrun.ipynb #0907ad0e
-def make_split(
-    n_worlds: int,
-    per_world: int,  # questions per world and per number of hops
-    seed: int,
-    hops: Sequence[int] = (1, 2),
-    banned: set[str] | frozenset = frozenset(),  # names another split uses
-    world_size: tuple[int, int, int] = (6, 2, 3),  # people, organisations, cities
-) -> Split:
-    "Many small worlds, each with its questions; no name is shared between worlds or with `banned`."
-    if not isinstance(n_worlds, int) or n_worlds < 1 or not isinstance(per_world, int) or per_world < 1:
-        raise ValueError(f"n_worlds and per_world must be positive ints, got {n_worlds!r} and {per_world!r}")
-    if not hops or any(h not in (1, 2) for h in hops):
-        raise ValueError(f"hops must be a non-empty selection of 1 and 2, got {hops!r}")
-    rng, used, worlds, tasks = random.Random(seed), set(banned), [], []
-    for i in range(n_worlds):
-        w = make_world(rng, *world_size, banned=used)
-        used |= w.names()
-        worlds.append(w)
-        for h in hops:
-            tasks += make_questions(w, rng, per_world, h, world_id=i)
-    return Split(worlds, tasks)
-
-# %% ../nbs/11_speedrun.ipynb #011f2d72
-class CachedEncoder:
-    "A sentence encoder that remembers query embeddings (a small world's names are searched again and again)."
-
-    def __init__(self, encoder: SentenceEncoder, max_items: int = 200_000):
-        self.encoder, self.name, self.dim, self.max_items = encoder, encoder.name, encoder.dim, max_items
-        self.cache: dict[str, np.ndarray] = {}
-        self.expected: dict[str, None] = {}  # queries announced by `expect`, encoded with the next miss
-
-    def expect(self, query: str):
-        "Announce a query that is about to be searched, so that the next miss encodes it in the same batch."
-        if query not in self.cache:
-            self.expected[query] = None
-
-    def encode_docs(self, texts):
-        return self.encoder.encode_docs(texts)
-
-    def encode_queries(self, queries):
-        missing = list(dict.fromkeys(q for q in queries if q not in self.cache))
-        if missing:
-            # one encoder call for this miss and every announced one: a step's new queries cost one batch
-            missing = list(dict.fromkeys([*missing, *(q for q in self.expected if q not in self.cache)]))
-            self.expected.clear()
-            if len(self.cache) + len(missing) > self.max_items:
-                self.cache.clear()
-            self.cache.update(zip(missing, self.encoder.encode_queries(missing)))
-        return np.stack([self.cache[q] for q in queries]).astype(np.float32)
-
-
-class NoSearch:
-    "A retriever that never finds anything: the no-tool baseline (the agent may call, but learns nothing)."
-
-    def search(self, queries, k=5):
-        return [[] for _ in queries]
-
-
-def search_reward(answer: str | None, task: dict) -> float:
-    "The outcome reward: exact match of the final answer (no answer scores 0)."
-    return exact_match(answer, task["answer"]) if answer is not None else 0.0
-
-
-class WorldSearchTool(SearchTool):
-    "`SearchTool` with a one-line schema: the tool list is in every context, and on a CPU every token costs."
-    description = "Search the passages."
-    parameters = {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}
-
-    async def aexecute(self, arguments: dict) -> ToolResult:
-        # a search of 20 passages held in memory takes microseconds: run it on the event loop, not in a worker thread
-        # (the default), whose hand-offs cost more than the search when 128 episodes call at once
-        enc = getattr(self.retriever, "encoder", None)
-        if isinstance(enc, CachedEncoder) and isinstance(arguments.get("query"), str):
-            enc.expect(arguments["query"])
-            await asyncio.sleep(0)  # let every episode of the turn announce its query; the first miss encodes them all
-        return self.execute(**arguments)
-
-# %% ../nbs/11_speedrun.ipynb #39659b6a
-class WorldSearch:
-    "Builds the environment of each task: a `ToolEnv` whose `SearchTool` sees only the task's world."
-
-    def __init__(
-        self,
-        worlds: Sequence[World],
-        retriever: str = "dense",  # "dense" (FAISS over MiniLM embeddings), "bm25", or "none" (the no-tool baseline)
-        k: int = 2,  # passages per search
-        max_turns: int = 4,  # model responses per episode
-        process_reward: float = 0.0,  # step reward for a search that retrieves a passage on the task's chain
-        encoder: CachedEncoder | None = None,  # share one across splits (the model loads once)
-    ):
-        if retriever not in ("dense", "bm25", "none"):
-            raise ValueError(f"retriever must be 'dense', 'bm25' or 'none', got {retriever!r}")
-        if not worlds:
-            raise ValueError("worlds is empty")
-        self.worlds, self.kind, self.k, self.max_turns, self.process_reward = list(worlds), retriever, k, max_turns, process_reward
-        self.docs = [w.passages() for w in self.worlds]
-        self.tools: dict[int, SearchTool] = {}
-        self.embeddings = None
-        if retriever == "dense":
-            self.encoder = encoder or CachedEncoder(SentenceEncoder("all-MiniLM-L6-v2"))
-            flat = [d["text"] for docs in self.docs for d in docs]
-            emb = self.encoder.encode_docs(flat)
-            bounds = np.cumsum([0] + [len(d) for d in self.docs])
-            self.embeddings = [emb[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-            # the searches an agent makes are mostly names: embed them all in one batch now, not one by one later
-            self.encoder.encode_queries(sorted({n for w in self.worlds for n in [*w.people, *w.orgs, *w.cities]}))
-
-    def tool(self, world_id: int) -> WorldSearchTool:
-        "The search tool of one world (built on first use)."
-        if world_id not in self.tools:
-            docs = self.docs[world_id]
-            if self.kind == "dense":
-                ret = DenseRetriever(docs, encoder=self.encoder, embeddings=self.embeddings[world_id])
-            elif self.kind == "bm25":
-                ret = BM25Retriever(docs)
-            else:
-                ret = NoSearch()
-            self.tools[world_id] = WorldSearchTool(ret, k=self.k, max_chars=400)
-        return self.tools[world_id]
-
-    def _process_fn(self):
-        "A step reward for one environment: a search pays if it retrieves a chain passage not retrieved before."
-        paid = {"task": None, "ids": set()}
-
-        def process(call, result: ToolResult, task: dict):
-            if paid["task"] is not task:  # `reset` makes a new task dict: a new episode starts with nothing paid
-                paid.update(task=task, ids=set())
-            new = (set(result.info.get("doc_ids", ())) & set(task["chain"][:-1])) - paid["ids"]
-            paid["ids"] |= new  # searching the same name again pays nothing: otherwise repeats are a reward loop
-            return self.process_reward if new else 0.0
-        return process
-
-    def __call__(self, task: dict) -> ToolEnv:
-        if not isinstance(task, dict) or "world" not in task:
-            raise ValueError("a search task is a dict with 'question', 'answer' and 'world' (see make_questions)")
-        if not 0 <= task["world"] < len(self.worlds):
-            raise ValueError(f"task names world {task['world']}, but there are {len(self.worlds)} worlds")
-        return ToolEnv([self.tool(task["world"])], max_turns=self.max_turns, reward_fn=search_reward,
-                       process_reward_fn=self._process_fn() if self.process_reward else None, system_prompt=None)
-
-# %% ../nbs/11_speedrun.ipynb #13647809
-_QUESTION_RES = [(re.compile("^" + re.escape(t).replace(re.escape("{x}"), "(.+)") + "$"), path)
-                 for t, (_, path) in sorted({**TWO_HOP, **ONE_HOP}.items(), key=lambda kv: -len(kv[0]))]
-_RELATION_RES = {"born_in": "{e} was born in ([^.]+)\\.", "works_for": "{e} works for ([^.]+)\\.",
-                 "based_in": "{e} is based in ([^.]+)\\.", "led_by": "{e} is led by ([^.]+)\\."}
-_CONTEXT_USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
-_CONTEXT_RESULTS = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.S)
-
-
-def parse_question(question: str) -> tuple[str | None, tuple[str, ...]]:
-    "The named entity and the relation path of a generated question; (None, ()) for anything else."
-    for pat, path in _QUESTION_RES:
-        m = pat.match(question.strip())
-        if m:
-            return m.group(1), path
-    return None, ()
-
-
-def search_call(query: str) -> str:
-    "A Hermes-format search call."
-    return '<tool_call>\n' + json.dumps({"name": "search", "arguments": {"query": query}}) + '\n</tool_call>'
-
-
-def stops_early(question: str, share: float, salt: int = 0) -> bool:
-    "Whether a flawed expert answers `question` (a two-hop one) after its first search: true for about `share` of them."
-    if not share or len(parse_question(question)[1]) < 2:
-        return False
-    digest = hashlib.sha256(f"{salt}:{question}".encode()).digest()  # the same question always gets the same verdict
-    return int.from_bytes(digest[:8], "big") / 2**64 < share
-
-
-def search_expert(
-    context: str,
-    think: bool = True,  # quote the sentence it read in <think>
-    stop_early: float = 0.0,  # the share of two-hop questions it answers after one search, with the bridge entity
-    salt: int = 0,  # which two-hop questions those are
-    plan: bool = False,  # say the searches the question needs (<think>2 hops</think>) and count them in each quote
-) -> str:
-    "The scripted expert: the next response, given the rendered context so far."
-    users = _CONTEXT_USER.findall(context)
-    entity, path = parse_question(users[0]) if users else (None, ())
-    if entity is None:
-        return "<answer>unknown</answer>"
-    results = _CONTEXT_RESULTS.findall(context)
-    # the plan is the question's number of hops, also where a flawed expert then quits early: it knew, and stopped
-    intro = f"<think>{len(path)} hop{'s' if len(path) > 1 else ''}</think>\n" if plan and not results else ""
-    if stops_early(users[0], stop_early, salt):
-        path = path[:1]  # a weaker demonstrator: it takes the first name it finds for the answer
-    quote = ""
-    for i, result in enumerate(results):
-        m = re.search(_RELATION_RES[path[i]].format(e=re.escape(entity)), result) if i < len(path) else None
-        if m is None:  # retrieval missed: the expert gives up, and its episode is left out of SFT
-            return "<answer>unknown</answer>"
-        quote, entity = m.group(0), m.group(1)
-        if i + 1 == len(path):
-            break
-    done = bool(quote) and len(results) >= len(path)
-    if plan and quote:  # the count right before the decision to search again or answer: (1/2) means search again
-        quote += f" ({len(results)}/{len(parse_question(users[0])[1])})"
-    head = f"<think>{quote}</think>\n" if think and quote else ""
-    return intro + head + (f"<answer>{entity}</answer>" if done else search_call(entity))
-
-# %% ../nbs/11_speedrun.ipynb #3f2471e9
-def play(
-    backend,  # a PolicyBackend (HFBackend for a model, ScriptedBackend for the expert)
-    tokenizer,
-    tasks: Sequence[dict],
-    make_env: Callable[[dict], ToolEnv],
-    params: SamplingParams,
-    batch_size: int = 128,  # episodes run together by the batched loop
-    max_context: int = 1024,
-    max_turns: int = 6,
-) -> list:
-    "Play one episode per task with the batched multi-turn loop; the trajectories, in task order."
-    out = []
-    for i in range(0, len(tasks), batch_size):
-        chunk = tasks[i:i + batch_size]
-        loop = AgentEnvLoop(backend, tokenizer, params, max_context, max_turns)
-        out += loop.run([make_env(t) for t in chunk], list(chunk), uids=[f"ep{i + j}" for j in range(len(chunk))])
-    return out
-
-# %% ../nbs/11_speedrun.ipynb #1dd91cdb
-_ARITH = [("{a} has {x} apples and buys {y} more. How many apples does {a} have now?", "{x} + {y}"),
-          ("{a} has {x} books and gives away {y}. How many books are left?", "{x} - {y}"),
-          ("{a} packs {x} boxes with {y} pens each. How many pens is that?", "{x} * {y}"),
-          ("{a} has {x} coins, finds {y} more and spends {z}. How many coins are left?", "{x} + {y} - {z}")]
-
-
-def arith_problem(rng: random.Random) -> dict:
-    "One arithmetic word problem with its expression and answer (never a negative count)."
-    i = rng.randrange(len(_ARITH))
-    q, e = _ARITH[i]
-    x = rng.randint(200, 999)
-    # nobody gives away more books than they have: the subtrahend is below the count
-    y = rng.randint(2, 9) if "*" in e else rng.randint(100, x - 1) if e == "{x} - {y}" else rng.randint(100, 999)
-    v = {"a": _word(rng), "x": x, "y": y, "z": rng.randint(10, 99)}
-    expr = e.format(**v)
-    return {"question": q.format(**v), "answer": str(eval(expr)), "expression": expr, "kind": f"arith{i}"}
-
-
-def make_arith_tasks(n: int, seed: int) -> list[dict]:
-    "`n` arithmetic word problems, reproducible from `seed`."
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive int, got {n!r}")
-    rng = random.Random(seed)
-    return [arith_problem(rng) for _ in range(n)]
-
-
-def arith_reward(answer: str | None, task: dict) -> float:
-    "Numeric match of the final answer."
-    return numbers_match(answer, task["answer"]) if answer is not None else 0.0
-
-
-def arith_env(task: dict, max_turns: int = 3) -> ToolEnv:
-    "A calculator environment for one arithmetic task."
-    return ToolEnv([CalculatorTool()], max_turns=max_turns, reward_fn=arith_reward, system_prompt=None)
-
-
-def arith_expert(context: str, think: bool = True) -> str:
-    "The scripted expert: write the expression into the calculator, then answer with its result."
-    users = _CONTEXT_USER.findall(context)
-    q = users[0] if users else ""
-    for text, expr in _ARITH:
-        pat = "^" + re.escape(text).replace(re.escape("{a}"), "[A-Za-z]+")
-        for k in "xyz":
-            pat = pat.replace(re.escape("{" + k + "}"), f"(?P<{k}>\\d+)")
-        m = re.match(pat + "$", q)
-        if m:
-            break
-    else:
-        return "<answer>unknown</answer>"
-    results = _CONTEXT_RESULTS.findall(context)
-    if not results:
-        call = {"name": "calculator", "arguments": {"expression": expr.format(**m.groupdict())}}
-        return "<tool_call>\n" + json.dumps(call) + "\n</tool_call>"
-    return (f"<think>{results[-1]}</think>\n" if think else "") + f"<answer>{results[-1]}</answer>"
+__all__ = ['TASKS', 'RETRIEVERS', 'DRILL_KINDS', 'COPY_ENOUGH', 'STAGE_NAMES', 'RL_FIELDS', 'SpeedrunConfig', 'parse_set_value',
+           'Suite', 'build_suite', 'expert_trajectories', 'build_tokenizer', 'longest_turn', 'check_turn_budget',
+           'sft_loss', 'pretrain_batches', 'search_drill', 'arith_drill', 'collate_drills', 'drill_batches',
+           'copy_accuracy', 'copy_check_kinds', 'copy_signal', 'sft_batches', 'train_lm', 'episode_record',
+           'evaluate_agent', 'rl_trainer_config', 'rl_signal', 'run_speedrun', 'plot_run', 'em_timeline',
+           'plot_em_over_time', 'write_report', 'fork_after_sft', 'episode_html', 'trajectory_browser', 'fresh_world',
+           'ask']
 
 # %% ../nbs/11_speedrun.ipynb #cf99d7b3
 TASKS = ("search", "arith")
@@ -523,10 +117,24 @@ class SpeedrunConfig:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v <= 1:
                 raise ValueError(f"{name} must be a number from 0 to 1, got {v!r}")
-        for name in ("train_worlds", "eval_worlds", "per_world", "eval_per_world", "hidden_size", "num_layers", "num_heads",
-                     "num_kv_heads",
-                     "pretrain_batch", "drill_batch", "sft_batch", "prompts_per_step", "group_size", "max_new_tokens",
-                     "max_turns", "search_k"):
+        for name in (
+            "train_worlds",
+            "eval_worlds",
+            "per_world",
+            "eval_per_world",
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "pretrain_batch",
+            "drill_batch",
+            "sft_batch",
+            "prompts_per_step",
+            "group_size",
+            "max_new_tokens",
+            "max_turns",
+            "search_k",
+        ):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
@@ -556,7 +164,9 @@ class SpeedrunConfig:
             raise ValueError(f"unknown preset {name!r}; choose one of {list(presets)}")
         bad = set(overrides) - {f.name for f in dataclasses.fields(cls)}
         if bad:
-            raise ValueError(f"unknown option(s) {sorted(bad)}; SpeedrunConfig has {[f.name for f in dataclasses.fields(cls)]}")
+            raise ValueError(
+                f"unknown option(s) {sorted(bad)}; SpeedrunConfig has {[f.name for f in dataclasses.fields(cls)]}"
+            )
         return cls(**{**presets[name], **overrides})
 
 # %% ../nbs/11_speedrun.ipynb #58c62823
@@ -642,13 +252,21 @@ def build_suite(cfg: SpeedrunConfig, encoder: CachedEncoder | None = None) -> Su
     keep = {id(t) for t in random.Random(cfg.seed).sample(two, round(cfg.sft_two_hop_share * len(two)))}
     sft = [t for t in sft if t["hops"] == 1 or id(t) in keep]  # in their order: world by world
     stop, salt, ev_names = cfg.sft_two_hop_stop, cfg.seed, frozenset(ev.names())
-    return Suite([t for t in tr.tasks if t["hops"] in cfg.rl_hops], sft, ev.tasks, train_env, eval_env, no_tool,
-                 lambda ctx: search_expert(ctx, think=cfg.think, stop_early=stop, salt=salt, plan=cfg.plan),
-                 [d["text"] for w in tr.worlds for d in w.passages()],
-                 lambda rng: search_drill(tr.worlds, rng, cfg.search_k, cfg.drill_fresh, ev_names, cfg.drill_kinds), time.perf_counter() - t0,
-                 flawed=lambda t: stops_early(t["question"], stop, salt),
-                 # the query and answer drills on the held-out worlds (a quoted sentence may be either of two)
-                 drill_check=lambda rng: search_drill(ev.worlds, rng, cfg.search_k, kinds=copy_check_kinds(cfg.drill_kinds)))
+    return Suite(
+        [t for t in tr.tasks if t["hops"] in cfg.rl_hops],
+        sft,
+        ev.tasks,
+        train_env,
+        eval_env,
+        no_tool,
+        lambda ctx: search_expert(ctx, think=cfg.think, stop_early=stop, salt=salt, plan=cfg.plan),
+        [d["text"] for w in tr.worlds for d in w.passages()],
+        lambda rng: search_drill(tr.worlds, rng, cfg.search_k, cfg.drill_fresh, ev_names, cfg.drill_kinds),
+        time.perf_counter() - t0,
+        flawed=lambda t: stops_early(t["question"], stop, salt),
+        # the query and answer drills on the held-out worlds (a quoted sentence may be either of two)
+        drill_check=lambda rng: search_drill(ev.worlds, rng, cfg.search_k, kinds=copy_check_kinds(cfg.drill_kinds)),
+    )
 
 # %% ../nbs/11_speedrun.ipynb #ec2e4fac
 def expert_trajectories(suite: Suite, tokenizer, tasks: Sequence[dict] | None = None) -> list:
@@ -847,6 +465,20 @@ def _save_state(path: Path, model, opt, sched, step: int, rng: random.Random, hi
         shutil.rmtree(path)
     tmp.rename(path)
 
+
+def _load_state(path: Path, model, opt, sched, rng: random.Random | None) -> tuple[int, list]:
+    "Resume from `_save_state`'s folder if it holds a state (model, optimiser, schedule, samplers): (step, history)."
+    if not (path / "state.pt").exists():
+        return 0, []
+    from transformers import AutoModelForCausalLM
+    model.load_state_dict(AutoModelForCausalLM.from_pretrained(path / "model").state_dict())
+    s = torch.load(path / "state.pt", weights_only=False)
+    opt.load_state_dict(s["opt"]); sched.load_state_dict(s["sched"])
+    if rng is not None:
+        rng.setstate(s["rng"])
+    torch.set_rng_state(s["torch_rng"])
+    return s["step"], s["history"]
+
 # %% ../nbs/11_speedrun.ipynb #63d7bd2e
 def train_lm(
     model,
@@ -867,17 +499,8 @@ def train_lm(
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     warm = max(1, min(50, steps // 10))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) * max(0.1, 1 - s / max(1, steps)))
-    step, history = 0, []
     state = Path(out_dir) / f"{name}_state" if out_dir else None
-    if state is not None and (state / "state.pt").exists():  # resume
-        from transformers import AutoModelForCausalLM
-        model.load_state_dict(AutoModelForCausalLM.from_pretrained(state / "model").state_dict())
-        s = torch.load(state / "state.pt", weights_only=False)
-        opt.load_state_dict(s["opt"]); sched.load_state_dict(s["sched"])
-        step, history = s["step"], s["history"]
-        if rng is not None:
-            rng.setstate(s["rng"])
-        torch.set_rng_state(s["torch_rng"])
+    step, history = _load_state(state, model, opt, sched, rng) if state is not None else (0, [])
     logger = MetricsLogger(Path(out_dir) / f"{name}.jsonl") if out_dir else None
     model.train()
     bar = tqdm(total=steps, initial=step, desc=name, disable=not progress)
@@ -1116,7 +739,9 @@ def _rl_stage(r: _Run):
             if cfg.rl_eval_every and tr.global_step % cfg.rl_eval_every == 0 \
                     and tr.global_step < cfg.rl_steps:  # the last one is the eval stage's
                 res, _ = r.ev(tr.policy)
-                rl_log.log(tr.global_step, **{k: v for k, v in res.items() if k.startswith(("em/", "after_2_searches/"))})
+                rl_log.log(
+                    tr.global_step, **{k: v for k, v in res.items() if k.startswith(("em/", "after_2_searches/"))}
+                )
 
         trainer.train(cfg.rl_steps - trainer.global_step, progress=r.progress, callback=after_step)
         trainer.save_checkpoint()
@@ -1137,7 +762,6 @@ def _eval_stage(r: _Run):
     _mark(r.dir, "eval", time.perf_counter() - t0, r.times)
     plot_run(r.dir)
     write_report(r.dir)
-
 
 # %% ../nbs/11_speedrun.ipynb #684380aa
 def run_speedrun(
@@ -1189,9 +813,12 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         plt.close(fig)
     rl = read_jsonl(run_dir / "rl" / "metrics.jsonl") if (run_dir / "rl" / "metrics.jsonl").exists() else []
     if rl:
-        keys = [("reward/outcome_mean", "outcome reward (train)"),
-                ("groups/with_variance", "share of groups with signal"),
-                ("episode/tool_calls_mean", "tool calls / episode"), ("episode/policy_tokens_mean", "response tokens / episode")]
+        keys = [
+            ("reward/outcome_mean", "outcome reward (train)"),
+            ("groups/with_variance", "share of groups with signal"),
+            ("episode/tool_calls_mean", "tool calls / episode"),
+            ("episode/policy_tokens_mean", "response tokens / episode"),
+        ]
         fig, ax = plt.subplots(2, 2, figsize=(8, 5.5))
         for a, (k, title) in zip(ax.flat, keys):
             a.plot([r["step"] for r in rl], [r.get(k, float("nan")) for r in rl], lw=1)
@@ -1288,9 +915,13 @@ def _timeline_section(pts: list[dict]) -> list[str]:
         return []
     kinds_t = sorted({k for p in pts for k in p if k.startswith("em/") and k != "em/all"})
     two = any("after_2_searches/2-hop" in p for p in pts)
-    lines = ["", "Held-out evaluations through the run:", "",
-             "| stage | step | minutes | " + " | ".join(kinds_t) + (" | 2-hop answered after 2 searches |" if two else " |"),
-             "|---|---|---|" + "---|" * (len(kinds_t) + two)]
+    lines = [
+        "",
+        "Held-out evaluations through the run:",
+        "",
+        "| stage | step | minutes | " + " | ".join(kinds_t) + (" | 2-hop answered after 2 searches |" if two else " |"),
+        "|---|---|---|" + "---|" * (len(kinds_t) + two),
+    ]
     for p in pts:
         cells = [f"{p[k]:.3f}" if k in p else "" for k in kinds_t]
         if two:
@@ -1321,9 +952,17 @@ def write_report(run_dir: str | Path) -> Path:
                          + f" | {e['em/all']:.3f} | {e['tool_calls']:.2f} | {e['turns']:.2f} |")
     drill = read_jsonl(run_dir / "drill.jsonl") if (run_dir / "drill.jsonl").exists() else []
     if drill and "copy" in drill[-1]:
-        lines += ["", f"Copying after {drill[-1]['step']} drill steps: {drill[-1]['copy']:.0%} of held-out drills copied "
-                  "exactly (teacher-forced)." + (f" Below {COPY_ENOUGH:.0%}, SFT has to finish learning to copy, which "
-                                                 "takes a seed-dependent number of steps." if copy_signal(drill) else "")]
+        lines += [
+            "",
+            f"Copying after {drill[-1]['step']} drill steps: {drill[-1]['copy']:.0%} of held-out drills copied "
+            "exactly (teacher-forced)."
+            + (
+                f" Below {COPY_ENOUGH:.0%}, SFT has to finish learning to copy, which "
+                "takes a seed-dependent number of steps."
+                if copy_signal(drill)
+                else ""
+            ),
+        ]
     if "final" in evals:
         lines += ["", f"Rollout throughput of the batched loop (greedy evaluation): "
                   f"{evals['final']['agent_tokens_per_s']:.0f} agent tokens/s."]

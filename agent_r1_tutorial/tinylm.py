@@ -69,10 +69,10 @@ CHAT_TEMPLATE = (
 # %% ../nbs/00a_tinylm.ipynb #e6601d6b
 def train_tokenizer(
     texts: Iterable[str],  # the training text; rendered conversations work best
-    vocab_size: int = 1024,  # the largest vocabulary, bytes and added tokens included (less if the text runs out of pairs)
+    vocab_size: int = 1024,  # the largest vocabulary, bytes and added tokens included (less if text runs out)
     min_frequency: int = 2,  # a pair must occur this often to be merged
     isolate_spaces: bool = False,  # make every space its own token, so a word has the same tokens everywhere
-    isolate_digits: bool = False,  # make every digit its own token, as Qwen2's tokenizer does (numbers copy digit by digit)
+    isolate_digits: bool = False,  # every digit its own token, as in Qwen2's tokenizer (numbers copy digit by digit)
 ) -> PreTrainedTokenizerFast:
     "Train a byte-level BPE tokenizer with Qwen's chat markup and chat template, entirely offline."
     n_fixed = 256 + len(SPECIAL_TOKENS) + len(TAG_TOKENS)

@@ -53,7 +53,11 @@ class ToolResult:
         if not isinstance(self.text, str):
             raise TypeError(f"ToolResult.text must be a str, got {type(self.text).__name__}")
         if self.reward is not None:
-            if isinstance(self.reward, bool) or not isinstance(self.reward, (int, float)) or not math.isfinite(self.reward):
+            if (
+                isinstance(self.reward, bool)
+                or not isinstance(self.reward, (int, float))
+                or not math.isfinite(self.reward)
+            ):
                 raise ValueError(f"ToolResult.reward must be a finite number or None, got {self.reward!r}")
             self.reward = float(self.reward)
         if not isinstance(self.info, dict):
@@ -184,7 +188,7 @@ def list_tools() -> list[str]:
 def truncate_text(
     text: str,  # the text to shorten
     max_chars: int | None,  # the budget in characters, marker included; None = no limit
-    side: str = "middle",  # which part to keep, as verl's `tool_response_truncate_side`: "left" = the start, "right" = the end, "middle" = both ends
+    side: str = "middle",  # what to keep (verl's tool_response_truncate_side): "left" start, "right" end, "middle" both
 ) -> str:  # `text` itself if it fits, else a shortened text of at most `max_chars` characters
     "Shorten `text` to `max_chars` characters, saying how much was cut."
     if side not in ("left", "right", "middle"):
@@ -209,7 +213,9 @@ def truncate_text(
 
 
 def resolve_tools(
-    tools: BaseTool | Sequence | Mapping,  # tool instances, registered names, {"name": ..., **kwargs} specs, or a name → tool mapping
+    tools: (
+        BaseTool | Sequence | Mapping
+    ),  # tool instances, registered names, {"name": ..., **kwargs} specs, or a name → tool mapping
 ) -> dict[str, BaseTool]:  # name → tool instance
     "Turn a tool specification (as a config would write it) into a name → tool table."
     if isinstance(tools, BaseTool):
@@ -231,7 +237,9 @@ def resolve_tools(
             kw = dict(spec)
             tool = get_tool(kw.pop("name"), **kw)
         else:
-            raise TypeError(f"a tool must be a BaseTool, a registered name or a {{'name': ..., **kwargs}} dict, got {spec!r}")
+            raise TypeError(
+                f"a tool must be a BaseTool, a registered name or a {{'name': ..., **kwargs}} dict, got {spec!r}"
+            )
         if tool.name in table:
             raise ValueError(f"two tools are named {tool.name!r}")
         table[tool.name] = tool
@@ -256,7 +264,9 @@ async def _run_one(call: ToolCall, table: dict[str, BaseTool], timeout: float | 
         done, _ = await asyncio.wait({task}, timeout=timeout)
         if not done:
             task.cancel()
-            return ToolResult.error(f"tool '{tool.name}' did not finish within {timeout:g} s.", "timeout", name=tool.name)
+            return ToolResult.error(
+                f"tool '{tool.name}' did not finish within {timeout:g} s.", "timeout", name=tool.name
+            )
         res = task.result()
     except Exception as e:  # a tool bug is the model's observation, not the rollout's crash
         return ToolResult.error(f"tool '{tool.name}' failed: {type(e).__name__}: {_short(str(e), 300)}",
@@ -371,6 +381,15 @@ def _check_power(a, b, max_exponent: float, max_abs: float):
     if a < 0 and isinstance(b, float) and not b.is_integer():
         raise CalculatorError("a negative number to a fractional power is not a real number")
 
+
+def _check_value(x: int | float, max_abs: float) -> int | float:
+    "Every intermediate value of `safe_eval` passes here: finite, and within `max_abs`."
+    if isinstance(x, float) and not math.isfinite(x):
+        raise CalculatorError("the result is not a finite number")
+    if abs(x) > max_abs:
+        raise CalculatorError(f"a value exceeds the limit of {max_abs:g} in absolute value")
+    return x
+
 # %% ../nbs/03_tools.ipynb #09d4ed41
 def safe_eval(
     expression: str,  # arithmetic such as "(1482 - 1350) * 2.5"
@@ -392,12 +411,7 @@ def safe_eval(
     except (RecursionError, MemoryError, ValueError):
         raise CalculatorError("the expression is nested too deeply") from None
 
-    def check(x):
-        if isinstance(x, float) and not math.isfinite(x):
-            raise CalculatorError("the result is not a finite number")
-        if abs(x) > max_abs:
-            raise CalculatorError(f"a value exceeds the limit of {max_abs:g} in absolute value")
-        return x
+    check = functools.partial(_check_value, max_abs=max_abs)
 
     def walk(node):
         if isinstance(node, ast.Expression):
@@ -601,7 +615,10 @@ class HermesFormat(ToolFormat):
         try:
             obj = json.loads(body)
         except json.JSONDecodeError as e:
-            return None, f"tool call {i} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); write {_CALL_EXAMPLE}"
+            return (
+                None,
+                f"tool call {i} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); write {_CALL_EXAMPLE}",
+            )
         except (ValueError, RecursionError) as e:
             return None, f"tool call {i} is not valid JSON ({type(e).__name__}); write {_CALL_EXAMPLE}"
         if not isinstance(obj, dict):
@@ -616,7 +633,10 @@ class HermesFormat(ToolFormat):
             except (ValueError, RecursionError):
                 return None, f"tool call {i} ({_short(name, 40)}): \"arguments\" is a string that is not a JSON object"
         if not isinstance(args, dict):
-            return None, f"tool call {i} ({_short(name, 40)}): \"arguments\" must be a JSON object, got {type(args).__name__}"
+            return (
+                None,
+                f'tool call {i} ({_short(name, 40)}): "arguments" must be a JSON object, got {type(args).__name__}',
+            )
         return ToolCall(name.strip(), args), None
 
     def _parse(self, text: str) -> ParsedResponse:

@@ -204,7 +204,8 @@ def check_finite(
 
 # %% ../nbs/10_trainer.ipynb #621242bc
 class TargetTokensEnv(AgentEnv):
-    "Toy task: each turn scores the fraction of the response's tokens that are in a target set; the outcome is their mean."
+    """Toy task: each turn scores the fraction of the response's tokens that are in a target set; the outcome is their
+    mean."""
     name = "target_tokens"
 
     def __init__(self, target_ids: Sequence[int], turns: int = 2, eos_id: int | None = None):
@@ -358,14 +359,14 @@ def _advantages(self: Trainer, batch, scores, values):
     c = self.config
     check_finite("token_level_rewards", scores, self.global_step, batch["response_mask"])
     fn = get_adv_estimator(c.estimator)
-    kw = dict(token_level_rewards=scores, response_mask=batch["response_mask"], gamma=c.gamma, lam=c.lam)
-    if c.estimator in ("grpo", "rloo", "drgrpo"):
-        kw["index"] = np.array(batch["group"], dtype=object)
-        kw["norm_adv_by_std_in_grpo"] = c.norm_adv_by_std_in_grpo
-    if c.estimator == "gae":
+    # every field verl's trainer passes, whichever estimator runs (each takes what it needs and ignores the rest via
+    # **kwargs), so a newly registered estimator gets them with no change here
+    kw = dict(token_level_rewards=scores, response_mask=batch["response_mask"], gamma=c.gamma, lam=c.lam,
+              index=np.array(batch["group"], dtype=object), norm_adv_by_std_in_grpo=c.norm_adv_by_std_in_grpo)
+    if values is not None:
         kw["values"] = values
-    if c.estimator == "step_gae":
-        kw.update(values=values, trajectory_uids=np.array(batch["trajectory_uid"], dtype=object),
+    if "step_index" in batch:
+        kw.update(trajectory_uids=np.array(batch["trajectory_uid"], dtype=object),
                   step_indices=batch["step_index"].cpu().numpy())
     advantages, returns = fn(**kw)
     check_finite("advantages", advantages, self.global_step, batch["response_mask"])

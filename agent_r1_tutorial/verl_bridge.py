@@ -66,7 +66,9 @@ def env_from_row(
     row: dict,  # a dataset row as verl's agent-loop worker passes it: raw_prompt (or prompt), extra_info, tools_kwargs
     tokenizer=None,  # counts context tokens with the chat template, when the row sets a context budget (max_tokens)
     max_turns: int | None = None,  # a cap on the row's own max_turns (verl's multi_turn.max_assistant_turns)
-    max_tool_response_chars: int | None = None,  # used when the row sets none (verl's multi_turn.max_tool_response_length)
+    max_tool_response_chars: (
+        int | None
+    ) = None,  # used when the row sets none (verl's multi_turn.max_tool_response_length)
 ) -> tuple[AgentEnv, dict]:  # (a fresh environment, the keyword arguments of its reset)
     "Build the environment a data row asks for, with its tools, call format, budgets and context policy."
     if not isinstance(row, dict):
@@ -105,6 +107,46 @@ def env_from_row(
         env = make_env(name, **({"tools": tools} if tools else {}), **env_kwargs)
     return env, {"prompt": [dict(m) for m in messages]}
 
+# %% ../nbs/12_verl.ipynb #cbd4d2dc
+import uuid
+
+
+async def _first_context(env: AgentEnv, task: dict, tokenizer, max_prompt_length: int | None):
+    """Reset the environment (off the event loop: it may load an index) and template its first observation, keeping
+    its last `max_prompt_length` tokens: (observation, context ids, how many tokens were cut)."""
+    obs = await asyncio.get_running_loop().run_in_executor(None, lambda: env.reset(**task))
+    context = initial_prompt_ids(tokenizer, obs.messages, obs.tools)
+    cut = max(0, len(context) - max_prompt_length) if max_prompt_length else 0
+    return obs, context[cut:], cut
+
+
+def _episode_checks(tokenizer, max_response_length, max_turns) -> int:
+    "Refuse budgets an episode cannot run under; the id that ends an assistant turn."
+    if not isinstance(max_response_length, int) or max_response_length < 1:
+        raise ValueError(f"max_response_length must be a positive int, got {max_response_length!r}")
+    if max_turns is not None and (not isinstance(max_turns, int) or max_turns < 1):
+        raise ValueError(f"max_turns must be a positive int or None, got {max_turns!r}")
+    if tokenizer.eos_token_id is None:
+        raise ValueError("the tokenizer has no EOS token: the end of an assistant turn is unknown")
+    return tokenizer.eos_token_id
+
+
+async def _sample_turn(server_manager, rid: str, context: list[int], base: dict, room: int, versions: dict,
+                       first_turn: bool):
+    "One model turn from the server, cut to the budget: (server output, ids, log-probs or None)."
+    out = await server_manager.generate(request_id=rid, prompt_ids=list(context),
+                                        sampling_params={**base, "max_tokens": room})
+    # which weights sampled this turn: verl's v1 trainer reads an episode's first and last (its staleness metrics);
+    # a server that reports none leaves them unset
+    ef = getattr(out, "extra_fields", None) or {}
+    if first_turn:
+        versions["min_global_steps"] = ef.get("min_global_steps", ef.get("global_steps"))
+    versions["max_global_steps"] = ef.get("max_global_steps", ef.get("global_steps"))
+    ids = [int(i) for i in out.token_ids][:room]  # a server never returns more; if it did, the budget wins
+    if not ids:
+        raise RuntimeError(f"episode {rid}: the server returned no tokens (stop reason {out.stop_reason!r})")
+    return out, ids, ([float(x) for x in out.log_probs[:len(ids)]] if out.log_probs else None)
+
 # %% ../nbs/12_verl.ipynb #86425990
 def _appended(old: Observation, new: Observation) -> list[dict] | None:
     "The messages the environment added after the model's turn, or None when it rewrote the earlier context."
@@ -113,6 +155,28 @@ def _appended(old: Observation, new: Observation) -> list[dict] | None:
             and new.tools == old.tools):
         return new.messages[k + 1:]
     return None
+
+
+def _after_turn(tokenizer, env, obs: Observation, new_obs: Observation, ids: list[int], context: list[int],
+                start: int, max_response_length: int, n_history: int, last_turn: bool) -> tuple:
+    """What the next turn reads, when the episode goes on: (env_ids, env_roles, next context, extra info, None);
+    when a budget ends it here: ([], None, None, {}, the reason). Appended messages follow the sampled ids (mask 0);
+    a rewritten context is templated afresh (a new growing row)."""
+    ended_turn = ids[-1] == tokenizer.eos_token_id
+    added = _appended(obs, new_obs)
+    if added is not None:
+        env_ids, roles = env_suffix(tokenizer, added, ended_turn, tools=new_obs.tools)
+        nxt, extra = context + ids + env_ids, {}
+        if len(nxt) - start >= max_response_length:  # no room left for another token
+            return [], None, None, {}, "max_response_length"
+    else:
+        env_ids, roles, nxt, extra = [], None, initial_prompt_ids(tokenizer, new_obs.messages, new_obs.tools), {}
+        full = (getattr(env, "history", None) or [])[n_history + 1:]  # what it said, before any rewriting (the score)
+        if full:
+            extra["score_env_ids"] = env_suffix_ids(tokenizer, full, ended_turn, tools=new_obs.tools)
+    if last_turn:
+        return [], None, None, {}, "max_turns"
+    return env_ids, roles, nxt, extra, None
 
 # %% ../nbs/12_verl.ipynb #af8dd828
 async def run_agent_episode(
@@ -127,87 +191,51 @@ async def run_agent_episode(
     request_id: str | None = None,  # one id per episode: verl routes every turn to the same server (prefix cache)
     on_step: Callable[[Step], Any] | None = None,  # called after every step (scripts/chat.py prints them)
 ) -> Trajectory:  # the episode as chapter 01's Trajectory, with timings in its metadata
-    "Play one episode through a token-in/token-out server: sampled ids kept exactly, environment ids appended with mask 0."
-    import uuid
-
-    if not isinstance(max_response_length, int) or max_response_length < 1:
-        raise ValueError(f"max_response_length must be a positive int, got {max_response_length!r}")
-    if max_turns is not None and (not isinstance(max_turns, int) or max_turns < 1):
-        raise ValueError(f"max_turns must be a positive int or None, got {max_turns!r}")
-    eos = tokenizer.eos_token_id
-    if eos is None:
-        raise ValueError("the tokenizer has no EOS token: the end of an assistant turn is unknown")
+    """Play one episode through a token-in/token-out server: sampled ids kept exactly, environment ids appended with
+    mask 0."""
+    eos = _episode_checks(tokenizer, max_response_length, max_turns)
     rid = request_id or uuid.uuid4().hex
     base = {k: v for k, v in (sampling_params or {}).items() if k not in ("max_tokens", "max_new_tokens")}
-    loop = asyncio.get_running_loop()
     t0 = time.perf_counter()
-    obs = await loop.run_in_executor(None, lambda: env.reset(**task))  # may load an index: off the event loop
-    context = initial_prompt_ids(tokenizer, obs.messages, obs.tools)
-    cut = max(0, len(context) - max_prompt_length) if max_prompt_length else 0
-    context = context[cut:]
+    obs, context, prompt_cut = await _first_context(env, task, tokenizer, max_prompt_length)
     start = len(context)  # where the current growing row's response begins
     steps, outcome, gen_s, env_s, preempted, versions = [], None, 0.0, time.perf_counter() - t0, 0, {}
     for turn in itertools.count():
         room = max_response_length - (len(context) - start)
         t = time.perf_counter()
-        out = await server_manager.generate(request_id=rid, prompt_ids=list(context),
-                                            sampling_params={**base, "max_tokens": room})
-        gen_s += time.perf_counter() - t
-        preempted += getattr(out, "num_preempted", None) or 0
-        # which weights sampled this turn: verl's v1 trainer reads the first and last version of every episode
-        # (its staleness metrics); a server that reports none leaves them unset
-        ef = getattr(out, "extra_fields", None) or {}
-        version = ef.get("max_global_steps", ef.get("global_steps"))
-        if turn == 0:
-            versions["min_global_steps"] = ef.get("min_global_steps", ef.get("global_steps"))
-        versions["max_global_steps"] = version
-        ids = [int(i) for i in out.token_ids][:room]  # a server never returns more; if it did, the budget wins
-        if not ids:
-            raise RuntimeError(f"episode {rid}: the server returned no tokens (stop reason {out.stop_reason!r})")
-        lps = [float(x) for x in out.log_probs[:len(ids)]] if out.log_probs else None
+        out, ids, lps = await _sample_turn(server_manager, rid, context, base, room, versions, turn == 0)
+        gen_s, preempted = gen_s + time.perf_counter() - t, preempted + (getattr(out, "num_preempted", None) or 0)
         # the budget ran out before an end-of-turn token: the environment truncates such a turn (servers name their
         # stop reasons differently, so it is read from the tokens)
         cut = len(ids) >= room and ids[-1] != eos
         action = Action(tokenizer.decode(ids, skip_special_tokens=True), ids, stop_reason="length" if cut else "stop")
-        history = len(getattr(env, "history", []) or [])
-        t = time.perf_counter()
+        n_history, t = len(getattr(env, "history", []) or []), time.perf_counter()
         new_obs, reward, term, trunc, info = await env.astep(action)
         env_s += time.perf_counter() - t
         if info.get("outcome_reward") is not None:
             outcome = float(info["outcome_reward"])
-        reason = info.get("reason")
-        env_ids, roles, nxt, extra = [], None, None, {}
+        reason, env_ids, roles, nxt, extra = info.get("reason"), [], None, None, {}
         if not (term or trunc):
-            added = _appended(obs, new_obs)
-            if added is not None:  # the environment only appended: its ids follow the sampled ones, mask 0
-                env_ids, roles = env_suffix(tokenizer, added, ids[-1] == eos, tools=new_obs.tools)
-                nxt = context + ids + env_ids
-                if len(nxt) - start >= max_response_length:  # no room left for another token
-                    trunc, reason, env_ids, roles, nxt = True, "max_response_length", [], None, None
-            else:  # the environment rewrote the context: template it afresh; a new growing row starts here
-                nxt = initial_prompt_ids(tokenizer, new_obs.messages, new_obs.tools)
-                full = (getattr(env, "history", None) or [])[history + 1:]  # what it said, before any rewriting
-                if full:
-                    extra["score_env_ids"] = env_suffix_ids(tokenizer, full, ids[-1] == eos, tools=new_obs.tools)
-            if not trunc and max_turns is not None and turn + 1 >= max_turns:
-                trunc, reason, env_ids, roles, nxt, extra = True, "max_turns", [], None, None, {}
+            env_ids, roles, nxt, extra, stop = _after_turn(tokenizer, env, obs, new_obs, ids, context, start,
+                                                           max_response_length, n_history,
+                                                           max_turns is not None and turn + 1 >= max_turns)
+            trunc, reason = stop is not None, stop or reason
         done = term or trunc
-        step = Step(obs_ids=list(context), action_ids=ids, action_logprobs=lps or [0.0] * len(ids), env_ids=env_ids,
-                    env_roles=roles, action_text=action.text, feedback=_feedback(obs, new_obs),
-                    reward=reward - (info.get("outcome_reward") or 0.0), terminated=term, truncated=trunc and not term,
-                    reason=(reason or "ended") if done else "", next_obs_ids=nxt,
-                    info=_jsonable({**info, **extra, "reason": reason, "stop_reason": out.stop_reason, "turn": turn,
-                                    "has_logprobs": lps is not None}))
-        steps.append(step)
+        steps.append(Step(obs_ids=list(context), action_ids=ids, action_logprobs=lps or [0.0] * len(ids),
+                          env_ids=env_ids, env_roles=roles, action_text=action.text, feedback=_feedback(obs, new_obs),
+                          reward=reward - (info.get("outcome_reward") or 0.0), terminated=term,
+                          truncated=trunc and not term, reason=(reason or "ended") if done else "", next_obs_ids=nxt,
+                          info=_jsonable({**info, **extra, "reason": reason, "stop_reason": out.stop_reason,
+                                          "turn": turn, "has_logprobs": lps is not None})))
         if on_step is not None:
-            on_step(step)
+            on_step(steps[-1])
         if done:
             break
-        if not env_ids:  # rewritten
+        if not env_ids:  # rewritten: a new growing row starts here
             start = len(nxt)
         obs, context = new_obs, nxt
     meta = {"request_id": rid, "generate_s": gen_s, "env_s": env_s, "num_preempted": preempted,
-            "outcome_from_env": outcome is not None, "prompt_truncated": cut,
+            "outcome_from_env": outcome is not None, "prompt_truncated": prompt_cut,
             "has_logprobs": all(s.info["has_logprobs"] for s in steps), **versions}
     return Trajectory(steps, outcome_reward=outcome or 0.0, uid=rid, group="", metadata=meta)
 
@@ -243,7 +271,8 @@ def episode_outputs(
     row: dict | None = None,  # the dataset row (data_source, reward_model, extra_info): needed to score in the loop
     max_response_length: int | None = None,  # cut every response to this many tokens (ids, mask, log-probs together)
 ) -> list[dict]:  # keyword arguments of verl's AgentLoopOutput, one per row, in order
-    "Lay an episode out as verl's agent-loop outputs: ids, response_mask, log-probs, turns, tool rewards, maybe the score."
+    """Lay an episode out as verl's agent-loop outputs: ids, response_mask, log-probs, turns, tool rewards, maybe the
+    score."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if layout == "sequence":
@@ -337,7 +366,9 @@ class LocalServerManager:
         verl_types: bool = True,  # return verl's TokenOutput (False: TokenIds, no verl import)
     ):
         if not isinstance(backend, PolicyBackend):
-            raise TypeError(f"backend must be a PolicyBackend (HFBackend, ScriptedBackend), got {type(backend).__name__}")
+            raise TypeError(
+                f"backend must be a PolicyBackend (HFBackend, ScriptedBackend), got {type(backend).__name__}"
+            )
         self.backend, self.tokenizer, self.default_max_tokens = backend, tokenizer, default_max_tokens
         self.output_cls = TokenIds
         if verl_types:
@@ -411,9 +442,11 @@ def verl_agent_loop_class() -> type:  # Ar1AgentLoop, a subclass of verl's Agent
                 log_episode(self.episode_dir, episode_log_record(traj, outs, kwargs, self.tokenizer))
             if (len(outs) > 1 or self.layout == "step") and not self.use_v1:
                 raise RuntimeError(
-                    f"this episode gives {len(outs)} rows ({'one per step' if self.layout == 'step' else 'the context was rewritten'}), "
+                    f"this episode gives {len(outs)} rows "
+                    f"({'one per step' if self.layout == 'step' else 'the context was rewritten'}), "
                     "but verl's legacy agent-loop worker (trainer.use_v1=False) takes one output per row: use "
-                    "trainer.use_v1=True, or ar1_layout=sequence without a context policy that rewrites")
+                    "trainer.use_v1=True, or ar1_layout=sequence without a context policy that rewrites"
+                )
             outs = [AgentLoopOutput(**o) for o in outs]
             return outs[0] if len(outs) == 1 and self.layout == "sequence" else outs
 
@@ -541,20 +574,24 @@ def as_verl_policy_loss(
     return policy_loss
 
 # %% ../nbs/12_verl.ipynb #0214de38
-_ADAPTERS: dict[tuple[str, str], Callable] = {}  # one adapter object per name: verl refuses to re-register a different one
+_ADAPTERS: dict[tuple[str, str], Callable] = (
+    {}
+)  # one adapter object per name: verl refuses to re-register a different one
 
 
 def _import_verl(what: str):
     try:
         from verl.trainer.ppo import core_algos
     except ImportError as e:
-        raise ImportError(f"{what} needs verl, which is not installed in this environment ({e}). On a CPU: "
-                          "`bash scripts/setup.sh dev` (verl[verl-core]); on a GPU box: `bash scripts/setup_gpu.sh`.") from e
+        raise ImportError(
+            f"{what} needs verl, which is not installed in this environment ({e}). On a CPU: "
+            "`bash scripts/setup.sh dev` (verl[verl-core]); on a GPU box: `bash scripts/setup_gpu.sh`."
+        ) from e
     return core_algos
 
 
 def register_with_verl(
-    patch_trainer: bool = False,  # also patch verl's trainer (ar1_gae/ar1_step_gae get values and step ids) and critic loader
+    patch_trainer: bool = False,  # also patch verl's trainer (values and step ids for ar1_(step_)gae), critic loader
     agent_loop: bool = True,  # also register our agent loop under AGENT_NAME
 ) -> dict[str, list[str]]:  # {"adv_estimators": [...], "policy_losses": [...], "agent_loops": [...], "patched": [...]}
     "Register our advantage estimators, policy losses and agent loop with verl under our names (idempotent)."
@@ -662,7 +699,8 @@ def replace_verl_attribute(
     make: Callable,  # original -> replacement
     params: tuple[str, ...] | None = None,  # the parameters the original must have (None: not a function, no check)
 ) -> list[str]:  # "module.name" of every attribute replaced
-    "Patch verl once: replace `name` by `make(original)`, where a second call wraps verl's original again, not our wrapper."
+    """Patch verl once: replace `name` by `make(original)`, where a second call wraps verl's original again, not our
+    wrapper."""
     import inspect
 
     current = getattr(modules[0], name)

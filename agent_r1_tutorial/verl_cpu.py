@@ -22,14 +22,22 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+from fastcore.basics import patch
 
 from .mdp import Step, Trajectory
 from .search import BM25Retriever, DenseRetriever, SentenceEncoder, once_per_process
-from .speedrun import CachedEncoder, SpeedrunConfig, World, WorldSearchTool
+from .speedrun import SpeedrunConfig
+from .worlds import CachedEncoder, World, WorldSearchTool
 from .tools import register_tool
 from .verl_bridge import AGENT_NAME, EXTERNAL_MODULES_ENV, register_with_verl, replace_verl_attribute
 from .verl_data import check_row, write_rows
-from .verl_launch import RECIPES, VerlRunConfig, latest_verl_checkpoint, read_verl_metrics, verl_overrides
+from agent_r1_tutorial.verl_launch import (
+    RECIPES,
+    VerlRunConfig,
+    latest_verl_checkpoint,
+    read_verl_metrics,
+    verl_overrides,
+)
 
 # %% auto #0
 __all__ = ['PLATFORM', 'CPU_MODULE', 'ROLLOUT', 'SERVER_NAME', 'STEP_PHASES', 'cpu_device_module', 'cpu_platform_class',
@@ -192,52 +200,6 @@ class HFRolloutServer:
         self.global_steps = None  # the trainer step of the weights being served (verl's staleness bookkeeping)
         self.stats = {"requests": 0, "batches": 0, "tokens": 0, "seconds": 0.0, "weight_syncs": 0}
 
-    async def generate(self, request_id, *, prompt_ids, sampling_params, image_data=None, video_data=None,
-                       **kwargs):
-        "Continue `prompt_ids` (verl's server interface); returns verl's `TokenOutput`."
-        if image_data is not None or video_data is not None:
-            raise ValueError("the CPU rollout serves text models only")
-        sp = dict(sampling_params or {})
-        if sp.get("top_p", 1.0) != 1.0 or sp.get("top_k", -1) not in (-1, 0):
-            raise ValueError(f"the CPU rollout samples from the whole distribution: top_p={sp.get('top_p')} and "
-                             f"top_k={sp.get('top_k')} are not supported (use 1.0 and -1)")
-        done = asyncio.get_running_loop().create_future()  # keys below are for HFBackend's rows: unique, whatever the ids
-        self.queue.append((f"{request_id}#{next(self.ids)}", [int(i) for i in prompt_ids], sp, done))
-        if self.worker is None or self.worker.done():
-            self.worker = asyncio.create_task(self._serve())
-        return await done
-
-    async def _serve(self):
-        "Decode what is queued, in batches of requests with the same temperature, until the queue is empty."
-        from verl.workers.rollout.replica import TokenOutput
-
-        from agent_r1_tutorial.rollout import SamplingParams
-
-        await asyncio.sleep(0)  # let every request of this tick of the event loop join the first batch
-        while self.queue:
-            temp = float(self.queue[0][2].get("temperature", 1.0))
-            batch = [q for q in self.queue if float(q[2].get("temperature", 1.0)) == temp][: self.max_batch]
-            self.queue = [q for q in self.queue if q not in batch]
-            budgets = [int(q[2].get("max_tokens") or q[2].get("max_new_tokens") or 256) for q in batch]
-            params = SamplingParams(temperature=temp if temp > 0 else 1.0, greedy=temp <= 0, max_new_tokens=max(budgets),
-                                    stop_token_ids=(self.tokenizer.eos_token_id,))
-            t0 = time.perf_counter()
-            try:  # off the event loop, so that new requests queue up meanwhile
-                gens = await asyncio.to_thread(self.backend.generate, [q[1] for q in batch], params,
-                                               [q[0] for q in batch], budgets)
-                outs = [TokenOutput(token_ids=g.token_ids, log_probs=g.logprobs, num_preempted=0,
-                                    stop_reason="completed" if g.stop_reason == "stop" else "length",
-                                    extra_fields={"global_steps": self.global_steps}) for g in gens]
-            except Exception as e:  # every waiting request hears about it
-                for q in batch:
-                    q[3].set_exception(e)
-                continue
-            self.stats.update(requests=self.stats["requests"] + len(batch), batches=self.stats["batches"] + 1,
-                              tokens=self.stats["tokens"] + sum(len(o.token_ids) for o in outs),
-                              seconds=self.stats["seconds"] + time.perf_counter() - t0)
-            for q, o in zip(batch, outs):
-                q[3].set_result(o)
-
     def update_weights(self, state: dict, global_steps: int | None = None) -> int:
         "Load the actor's weights (name -> tensor); returns how many tensors were loaded."
         missing, unexpected = self.model.load_state_dict(state, strict=False)
@@ -263,6 +225,56 @@ class HFRolloutServer:
     def start_profile(self, **kwargs): pass
     def stop_profile(self): pass
     def abort_all_requests(self, reject_request: bool = False): return {"aborted_count": 0, "request_ids": []}
+
+# %% ../nbs/15_verl_cpu.ipynb #80785269
+@patch
+async def generate(self: HFRolloutServer, request_id, *, prompt_ids, sampling_params, image_data=None, video_data=None,
+                   **kwargs):
+    "Continue `prompt_ids` (verl's server interface); returns verl's `TokenOutput`."
+    if image_data is not None or video_data is not None:
+        raise ValueError("the CPU rollout serves text models only")
+    sp = dict(sampling_params or {})
+    if sp.get("top_p", 1.0) != 1.0 or sp.get("top_k", -1) not in (-1, 0):
+        raise ValueError(f"the CPU rollout samples from the whole distribution: top_p={sp.get('top_p')} and "
+                         f"top_k={sp.get('top_k')} are not supported (use 1.0 and -1)")
+    done = asyncio.get_running_loop().create_future()  # keys below are for HFBackend's rows: unique, whatever the ids
+    self.queue.append((f"{request_id}#{next(self.ids)}", [int(i) for i in prompt_ids], sp, done))
+    if self.worker is None or self.worker.done():
+        self.worker = asyncio.create_task(self._serve())
+    return await done
+
+
+@patch
+async def _serve(self: HFRolloutServer):
+    "Decode what is queued, in batches of requests with the same temperature, until the queue is empty."
+    from verl.workers.rollout.replica import TokenOutput
+
+    from agent_r1_tutorial.rollout import SamplingParams
+
+    await asyncio.sleep(0)  # let every request of this tick of the event loop join the first batch
+    while self.queue:
+        temp = float(self.queue[0][2].get("temperature", 1.0))
+        batch = [q for q in self.queue if float(q[2].get("temperature", 1.0)) == temp][: self.max_batch]
+        self.queue = [q for q in self.queue if q not in batch]
+        budgets = [int(q[2].get("max_tokens") or q[2].get("max_new_tokens") or 256) for q in batch]
+        params = SamplingParams(temperature=temp if temp > 0 else 1.0, greedy=temp <= 0, max_new_tokens=max(budgets),
+                                stop_token_ids=(self.tokenizer.eos_token_id,))
+        t0 = time.perf_counter()
+        try:  # off the event loop, so that new requests queue up meanwhile
+            gens = await asyncio.to_thread(self.backend.generate, [q[1] for q in batch], params,
+                                           [q[0] for q in batch], budgets)
+            outs = [TokenOutput(token_ids=g.token_ids, log_probs=g.logprobs, num_preempted=0,
+                                stop_reason="completed" if g.stop_reason == "stop" else "length",
+                                extra_fields={"global_steps": self.global_steps}) for g in gens]
+        except Exception as e:  # every waiting request hears about it
+            for q in batch:
+                q[3].set_exception(e)
+            continue
+        self.stats.update(requests=self.stats["requests"] + len(batch), batches=self.stats["batches"] + 1,
+                          tokens=self.stats["tokens"] + sum(len(o.token_ids) for o in outs),
+                          seconds=self.stats["seconds"] + time.perf_counter() - t0)
+        for q, o in zip(batch, outs):
+            q[3].set_result(o)
 
 # %% ../nbs/15_verl_cpu.ipynb #4b1c845d
 _VERL_CLASSES: dict = {}  # the classes that subclass verl's, created on first use (this module imports without verl)
@@ -333,7 +345,11 @@ def register_cpu_rollout() -> str:  # the rollout's name (actor_rollout_ref.roll
 
 # %% ../nbs/15_verl_cpu.ipynb #eefafae0
 def __getattr__(name):  # PEP 562: verl finds `agent_r1_tutorial.verl_cpu.HFServerAdapter` by its class path
-    makers = {"HFReplica": hf_replica_class, "HFServerAdapter": hf_server_adapter_class, "CPUPlatform": cpu_platform_class}
+    makers = {
+        "HFReplica": hf_replica_class,
+        "HFServerAdapter": hf_server_adapter_class,
+        "CPUPlatform": cpu_platform_class,
+    }
     if name in makers:
         return makers[name]()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -361,7 +377,8 @@ def _world_encoder() -> CachedEncoder:
 
 @register_tool(name="world_search")
 class WorldPassageSearch(WorldSearchTool):
-    "The tiny speedrun's search tool over one world, built from the passages a data row carries (the model sees `search`)."
+    """The tiny speedrun's search tool over one world, built from the passages a data row carries (the model sees
+    `search`)."""
 
     def __init__(
         self,
@@ -412,22 +429,36 @@ def cpu_overrides(
     run: VerlRunConfig,  # the run (its recipe decides whether a critic needs overrides too)
     workers: int = 1,  # agent-loop and reward-loop processes
 ) -> list[tuple[str, str]]:  # (Hydra override, why a CPU needs it), applied after the run's own
-    "What a CPU needs that a GPU box does not: every override on top of the configuration a GPU run uses, with its reason."
+    """What a CPU needs that a GPU box does not: every override on top of the configuration a GPU run uses, with its
+    reason."""
     ov = [
-        (f"actor_rollout_ref.rollout.name={ROLLOUT}", "generation from the Hugging Face model on the CPU (HFRolloutServer) "
-         "instead of vLLM, which needs a GPU"),
+        (
+            f"actor_rollout_ref.rollout.name={ROLLOUT}",
+            "generation from the Hugging Face model on the CPU (HFRolloutServer) " "instead of vLLM, which needs a GPU",
+        ),
         ("trainer.device=cpu", "the workers' device"),
-        (f"ray_kwargs.ray_init.runtime_env.env_vars.{EXTERNAL_MODULES_ENV}={CPU_MODULE}", "every Ray process imports this "
-         "module, which registers the CPU platform first and the bridge after it"),
-        (f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM={PLATFORM}", "verl's platform registry picks the CPU "
-         "platform"),
-        ("+ray_kwargs.ray_init.num_gpus=1", "verl places one training process per GPU and first counts Ray's GPUs; "
-         "Ray's GPU resource is a logical counter, so one slot stands for the one training process"),
-        ("+ray_kwargs.ray_init.num_cpus=32", "verl's helper actors each reserve a CPU; with the 2 real cores they would "
-         "wait for each other forever"),
+        (
+            f"ray_kwargs.ray_init.runtime_env.env_vars.{EXTERNAL_MODULES_ENV}={CPU_MODULE}",
+            "every Ray process imports this " "module, which registers the CPU platform first and the bridge after it",
+        ),
+        (
+            f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM={PLATFORM}",
+            "verl's platform registry picks the CPU " "platform",
+        ),
+        (
+            "+ray_kwargs.ray_init.num_gpus=1",
+            "verl places one training process per GPU and first counts Ray's GPUs; "
+            "Ray's GPU resource is a logical counter, so one slot stands for the one training process",
+        ),
+        (
+            "+ray_kwargs.ray_init.num_cpus=32",
+            "verl's helper actors each reserve a CPU; with the 2 real cores they would " "wait for each other forever",
+        ),
         ("+ray_kwargs.ray_init.include_dashboard=False", "no dashboard processes on a 2-core machine"),
-        ("transfer_queue.backend.SimpleStorage.num_data_storage_units=1", "one storage process for the rollout data, "
-         "not 8"),
+        (
+            "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+            "one storage process for the rollout data, " "not 8",
+        ),
         (f"actor_rollout_ref.rollout.agent.num_workers={workers}", f"{workers} agent-loop process(es), not 8"),
         (f"reward.num_workers={workers}", f"{workers} reward-loop process(es), not 8"),
         ("data.dataloader_num_workers=0", "the data loader reads in the trainer's process"),
@@ -470,22 +501,43 @@ def cpu_run_config(
     max_response_length: int = 512,  # tokens of all turns and tool replies together
     steps: int | None = None,  # trainer steps (None: cfg.rl_steps)
 ) -> VerlRunConfig:  # the knobs a GPU run has, set for this machine, plus cpu_overrides as extra overrides
-    "The run on a CPU as the GPU run's configuration: the same VerlRunConfig, sized for the tiny model, plus the CPU overrides."
+    """The run on a CPU as the GPU run's configuration: the same VerlRunConfig, sized for the tiny model, plus the CPU
+    overrides."""
     out = Path(out_dir).resolve()
     recipe = RECIPES[cfg.algorithm]
     n = cfg.group_size if recipe.n > 1 else 1  # PPO, REINFORCE++ and StepPO sample one response per prompt
     episodes = cfg.prompts_per_step * cfg.group_size  # the same episodes per step as the reference trainer
     mini = min(64, episodes)  # and the same rows per optimizer step (rl_trainer_config)
     run = VerlRunConfig(
-        algorithm=cfg.algorithm, model_path=str(Path(model_path).resolve()), train_files=str(out / "data" / "train.parquet"),
-        val_files=str(out / "data" / "validation.parquet"), n_gpus_per_node=1, nnodes=1, rollout_tp=1,
-        train_batch_size=episodes // n, ppo_mini_batch_size=max(1, mini // n), micro_batch_size_per_gpu=mini,
-        log_prob_micro_batch_size_per_gpu=episodes, max_prompt_length=max_prompt_length,
-        max_response_length=max_response_length, actor_lr=cfg.rl_lr, critic_lr=1e-3, n=n, kl_coef=cfg.kl_coef,
-        max_turns=cfg.max_turns, total_training_steps=steps or cfg.rl_steps, save_freq=1,
-        test_freq=steps or cfg.rl_steps, experiment_name=f"tiny-{cfg.algorithm}-s{cfg.seed}",
-        checkpoint_dir=str(out / "checkpoints"), keep_checkpoints=2, logger=("console", "file"), seed=cfg.seed,
-        rollout_data_dir=str(out / "rollouts"), episode_dir=str(out / "episodes"))
+        algorithm=cfg.algorithm,
+        model_path=str(Path(model_path).resolve()),
+        train_files=str(out / "data" / "train.parquet"),
+        val_files=str(out / "data" / "validation.parquet"),
+        n_gpus_per_node=1,
+        nnodes=1,
+        rollout_tp=1,
+        train_batch_size=episodes // n,
+        ppo_mini_batch_size=max(1, mini // n),
+        micro_batch_size_per_gpu=mini,
+        log_prob_micro_batch_size_per_gpu=episodes,
+        max_prompt_length=max_prompt_length,
+        max_response_length=max_response_length,
+        actor_lr=cfg.rl_lr,
+        critic_lr=1e-3,
+        n=n,
+        kl_coef=cfg.kl_coef,
+        max_turns=cfg.max_turns,
+        total_training_steps=steps or cfg.rl_steps,
+        save_freq=1,
+        test_freq=steps or cfg.rl_steps,
+        experiment_name=f"tiny-{cfg.algorithm}-s{cfg.seed}",
+        checkpoint_dir=str(out / "checkpoints"),
+        keep_checkpoints=2,
+        logger=("console", "file"),
+        seed=cfg.seed,
+        rollout_data_dir=str(out / "rollouts"),
+        episode_dir=str(out / "episodes"),
+    )
     return dataclasses.replace(run, extra_overrides=tuple(o for o, _ in cpu_overrides(run)))
 
 # %% ../nbs/15_verl_cpu.ipynb #a8f0b9e4
@@ -494,7 +546,8 @@ def launch_verl(
     out_dir: str | Path,  # logs go here: train-<n>.log, overrides-<n>.txt, metrics-<n>.jsonl for the n-th launch
     timeout: float | None = None,  # seconds before the run is stopped (None: no limit)
 ) -> Path:  # the launch's log
-    "Run verl's own trainer, `python -m verl.trainer.main_ppo`, on this machine's CPU; raise with the log's end if it fails."
+    """Run verl's own trainer, `python -m verl.trainer.main_ppo`, on this machine's CPU; raise with the log's end if it
+    fails."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     n = 1 + len(list(out.glob("train-*.log")))  # every launch keeps its own files: a resumed run loses no log
@@ -515,7 +568,9 @@ def launch_verl(
     if rc != 0:
         lines = log.read_text(errors="replace").splitlines()
         errors = [l for l in lines if re.search(r"Error|Exception|error:", l) and "Warning" not in l][-6:]
-        raise RuntimeError(f"verl's trainer exited with status {rc}; from its log {log}:\n" + "\n".join(errors or lines[-15:]))
+        raise RuntimeError(
+            f"verl's trainer exited with status {rc}; from its log {log}:\n" + "\n".join(errors or lines[-15:])
+        )
     return log
 
 # %% ../nbs/15_verl_cpu.ipynb #c81a7910
@@ -597,13 +652,22 @@ def verl_report(
     out = Path(out_dir)
     metrics = read_verl_metrics(out)
     steps = [m for m in metrics if m["step"] >= 1 and "timing_s/step" in m]
-    val = [(m["step"], v) for m in metrics for k, v in m.items() if k.startswith("val-core/") and k.endswith("/acc/mean@1")]
-    lines = ["## verl's trainer on this CPU", "",
-             "| step | score (mean) | pg_loss | grad_norm | response tokens | num_turns | seconds |", "|---|---|---|---|---|---|---|"]
+    val = [
+        (m["step"], v) for m in metrics for k, v in m.items() if k.startswith("val-core/") and k.endswith("/acc/mean@1")
+    ]
+    lines = [
+        "## verl's trainer on this CPU",
+        "",
+        "| step | score (mean) | pg_loss | grad_norm | response tokens | num_turns | seconds |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for m in steps:
-        lines.append(f"| {m['step']} | {m.get('critic/score/mean', float('nan')):.3f} | {m.get('actor/pg_loss', float('nan')):.4f} "
-                     f"| {m.get('actor/grad_norm', float('nan')):.4f} | {m.get('response_length/mean', float('nan')):.1f} "
-                     f"| {m.get('num_turns/mean', float('nan')):.2f} | {m['timing_s/step']:.1f} |")
+        lines.append(
+            f"| {m['step']} | {m.get('critic/score/mean', float('nan')):.3f} "
+            f"| {m.get('actor/pg_loss', float('nan')):.4f} "
+            f"| {m.get('actor/grad_norm', float('nan')):.4f} | {m.get('response_length/mean', float('nan')):.1f} "
+            f"| {m.get('num_turns/mean', float('nan')):.2f} | {m['timing_s/step']:.1f} |"
+        )
     if val:
         lines += ["", "verl's validation accuracy (greedy, held-out questions): "
                   + ", ".join(f"{v:.3f} at step {s}" for s, v in val) + "."]

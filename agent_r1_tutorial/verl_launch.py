@@ -25,8 +25,9 @@ from .verl_bridge import (AGENT_NAME, EXTERNAL_MODULES_ENV, LAYOUTS, MODULE_NAME
 
 # %% auto #0
 __all__ = ['ALGORITHMS', 'RECIPES', 'Recipe', 'VerlRunConfig', 'verl_overrides', 'verl_config_dir', 'compose_verl_config',
-           'validate_verl_config', 'launch_commands', 'read_verl_metrics', 'latest_verl_checkpoint',
-           'make_verl_agent_loop', 'verl_sampling_params', 'verl_postprocess', 'agent_loop_dry_run']
+           'validate_verl_config', 'launch_commands', 'write_launch_script', 'read_verl_metrics',
+           'latest_verl_checkpoint', 'make_verl_agent_loop', 'verl_sampling_params', 'verl_postprocess',
+           'agent_loop_dry_run']
 
 # %% ../nbs/14_verl_launch.ipynb #fda06af4
 ALGORITHMS = tuple(TRAINER_ALGORITHMS)  # the reference trainer's names: one algorithm, one name, at both scales
@@ -90,7 +91,9 @@ class VerlRunConfig:
     keep_checkpoints: int = 2  # older checkpoints are deleted (each holds weights and optimizer state)
     logger: tuple = ("console",)  # verl loggers: console, wandb, tensorboard, file, ...
     seed: int = 0
-    agent_loop_config_path: str | None = None  # a YAML of further agent loops; ours is registered on import (VERL_USE_EXTERNAL_MODULES)
+    agent_loop_config_path: str | None = (
+        None  # a YAML of further agent loops; ours is registered on import (VERL_USE_EXTERNAL_MODULES)
+    )
     save_hf_model: bool = True  # checkpoints also hold Hugging Face weights (actor/huggingface): chat and eval load them
     rollout_data_dir: str | None = None  # verl writes each step's decoded rollouts and scores here, one JSONL per step
     episode_dir: str | None = None  # our agent loop logs every episode's ids and masks here (chapter 12)
@@ -99,11 +102,25 @@ class VerlRunConfig:
     def __post_init__(self):
         def bad(name, why):
             raise ValueError(f"VerlRunConfig.{name}={getattr(self, name)!r}: {why}")
-        if self.algorithm not in ALGORITHMS:
-            bad("algorithm", f"choose one of {list(ALGORITHMS)}")
-        for name in ("n_gpus_per_node", "nnodes", "train_batch_size", "ppo_mini_batch_size", "micro_batch_size_per_gpu",
-                     "log_prob_micro_batch_size_per_gpu", "max_prompt_length", "max_response_length", "max_turns",
-                     "max_tool_response_chars", "rollout_tp", "total_epochs", "save_freq", "test_freq", "keep_checkpoints"):
+        if self.algorithm not in RECIPES:  # the built-in ALGORITHMS and any added by register_algorithm
+            bad("algorithm", f"choose one of {list(RECIPES)}")
+        for name in (
+            "n_gpus_per_node",
+            "nnodes",
+            "train_batch_size",
+            "ppo_mini_batch_size",
+            "micro_batch_size_per_gpu",
+            "log_prob_micro_batch_size_per_gpu",
+            "max_prompt_length",
+            "max_response_length",
+            "max_turns",
+            "max_tool_response_chars",
+            "rollout_tp",
+            "total_epochs",
+            "save_freq",
+            "test_freq",
+            "keep_checkpoints",
+        ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 bad(name, "must be a positive int")
@@ -128,8 +145,16 @@ class VerlRunConfig:
             bad("policy_loss", f"choose one of {sorted(POLICY_LOSSES)}")
         if self.loss_agg_mode not in AGG_MODES:
             bad("loss_agg_mode", f"choose one of {list(AGG_MODES)}")
-        for name in ("model_path", "train_files", "val_files", "checkpoint_dir", "project_name", "agent_loop_config_path",
-                     "rollout_data_dir", "episode_dir"):
+        for name in (
+            "model_path",
+            "train_files",
+            "val_files",
+            "checkpoint_dir",
+            "project_name",
+            "agent_loop_config_path",
+            "rollout_data_dir",
+            "episode_dir",
+        ):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or not v or _HYDRA_UNSAFE.search(v)):
                 bad(name, "must be a non-empty string without spaces, commas, brackets, quotes or '=' "
@@ -150,39 +175,58 @@ class VerlRunConfig:
         return self.recipe.n if self.n is None else self.n
 
 # %% ../nbs/14_verl_launch.ipynb #57dacb83
-def verl_overrides(
-    run: VerlRunConfig,  # the knobs
-) -> list[str]:  # Hydra overrides for verl.trainer.main_ppo, in a stable order
-    "The Hydra overrides that configure verl's trainer for one of our algorithms."
+def _core_overrides(run: VerlRunConfig) -> list[str]:
+    "The algorithm, the data, the actor and the rollout (with our agent loop's layout)."
     r, n = run.recipe, run.responses_per_prompt
     kl_in_reward = r.kl == "reward"
     arr, rol = "actor_rollout_ref", "actor_rollout_ref.rollout"
     ov = [
         f"algorithm.adv_estimator={verl_name(r.adv_estimator)}",
-        f"algorithm.gamma={run.gamma}", f"algorithm.lam={run.lam}",
-        f"algorithm.use_kl_in_reward={kl_in_reward}", f"algorithm.kl_ctrl.kl_coef={run.kl_coef}", "algorithm.kl_penalty=kl",
-        f"data.train_files={run.train_files}", f"data.val_files={run.val_files}",
-        f"data.train_batch_size={run.train_batch_size}", f"data.max_prompt_length={run.max_prompt_length}",
-        f"data.max_response_length={run.max_response_length}", "data.return_raw_chat=True",
-        "data.filter_overlong_prompts=True", "data.truncation=error", f"data.seed={run.seed}",
+        f"algorithm.gamma={run.gamma}",
+        f"algorithm.lam={run.lam}",
+        f"algorithm.use_kl_in_reward={kl_in_reward}",
+        f"algorithm.kl_ctrl.kl_coef={run.kl_coef}",
+        "algorithm.kl_penalty=kl",
+        f"data.train_files={run.train_files}",
+        f"data.val_files={run.val_files}",
+        f"data.train_batch_size={run.train_batch_size}",
+        f"data.max_prompt_length={run.max_prompt_length}",
+        f"data.max_response_length={run.max_response_length}",
+        "data.return_raw_chat=True",
+        "data.filter_overlong_prompts=True",
+        "data.truncation=error",
+        f"data.seed={run.seed}",
         f"{arr}.model.path={run.model_path}",
-        f"{arr}.actor.optim.lr={run.actor_lr}", f"{arr}.actor.ppo_mini_batch_size={run.ppo_mini_batch_size}",
+        f"{arr}.actor.optim.lr={run.actor_lr}",
+        f"{arr}.actor.ppo_mini_batch_size={run.ppo_mini_batch_size}",
         f"{arr}.actor.ppo_micro_batch_size_per_gpu={run.micro_batch_size_per_gpu}",
-        f"{arr}.actor.use_kl_loss={not kl_in_reward}", f"{arr}.actor.kl_loss_coef={run.kl_coef}",
-        f"{arr}.actor.kl_loss_type=low_var_kl", f"{arr}.actor.policy_loss.loss_mode={verl_name(run.policy_loss)}",
+        f"{arr}.actor.use_kl_loss={not kl_in_reward}",
+        f"{arr}.actor.kl_loss_coef={run.kl_coef}",
+        f"{arr}.actor.kl_loss_type=low_var_kl",
+        f"{arr}.actor.policy_loss.loss_mode={verl_name(run.policy_loss)}",
         f"{arr}.actor.loss_agg_mode={run.loss_agg_mode}",
         f"{arr}.ref.log_prob_micro_batch_size_per_gpu={run.log_prob_micro_batch_size_per_gpu}",
-        f"{rol}.name=vllm", f"{rol}.mode=async", f"{rol}.n={n}", f"{rol}.tensor_model_parallel_size={run.rollout_tp}",
+        f"{rol}.name=vllm",
+        f"{rol}.mode=async",
+        f"{rol}.n={n}",
+        f"{rol}.tensor_model_parallel_size={run.rollout_tp}",
         f"{rol}.gpu_memory_utilization={run.gpu_memory_utilization}",
         f"{rol}.log_prob_micro_batch_size_per_gpu={run.log_prob_micro_batch_size_per_gpu}",
-        f"{rol}.multi_turn.enable=True", f"{rol}.multi_turn.max_assistant_turns={run.max_turns}",
-        f"{rol}.multi_turn.max_tool_response_length={run.max_tool_response_chars}", f"{rol}.multi_turn.format=hermes",
+        f"{rol}.multi_turn.enable=True",
+        f"{rol}.multi_turn.max_assistant_turns={run.max_turns}",
+        f"{rol}.multi_turn.max_tool_response_length={run.max_tool_response_chars}",
+        f"{rol}.multi_turn.format=hermes",
         f"+{rol}.custom.ar1_layout={r.layout}",  # read by our agent loop (verl's extension point for rollout settings)
     ]
     if run.agent_loop_config_path:
         ov.append(f"{rol}.agent.agent_loop_config_path={run.agent_loop_config_path}")
-    models = [f"{arr}.model"]
-    if r.critic:
+    return ov
+
+
+def _model_overrides(run: VerlRunConfig) -> list[str]:
+    "The critic (on or off) and the attention kernel of every model section."
+    ov, models = [], ["actor_rollout_ref.model"]
+    if run.recipe.critic:
         ov += ["critic.enable=True", f"critic.model.path={run.model_path}", f"critic.optim.lr={run.critic_lr}",
                f"critic.ppo_micro_batch_size_per_gpu={run.micro_batch_size_per_gpu}"]
         models.append("critic.model")
@@ -190,16 +234,29 @@ def verl_overrides(
         ov.append("critic.enable=False")
     if run.attn_implementation != "flash_attention_2":  # remove-padding runs on flash-attention's varlen kernels
         for m in models:
-            ov += [f"+{m}.override_config.attn_implementation={run.attn_implementation}", f"{m}.use_remove_padding=False"]
-    ov += [
+            ov += [
+                f"+{m}.override_config.attn_implementation={run.attn_implementation}",
+                f"{m}.use_remove_padding=False",
+            ]
+    return ov
+
+# %% ../nbs/14_verl_launch.ipynb #1b7fd1a7
+def _trainer_overrides(run: VerlRunConfig) -> list[str]:
+    "The reward function, the trainer's bookkeeping (GPUs, epochs, checkpoints, loggers) and our optional logs."
+    arr, rol = "actor_rollout_ref", "actor_rollout_ref.rollout"
+    ov = [
         f"reward.custom_reward_function.path={REWARD_FUNCTION['path']}",
         f"reward.custom_reward_function.name={REWARD_FUNCTION['name']}",
-        f"trainer.n_gpus_per_node={run.n_gpus_per_node}", f"trainer.nnodes={run.nnodes}",
-        f"trainer.total_epochs={run.total_epochs}", f"trainer.save_freq={run.save_freq}", f"trainer.test_freq={run.test_freq}",
+        f"trainer.n_gpus_per_node={run.n_gpus_per_node}",
+        f"trainer.nnodes={run.nnodes}",
+        f"trainer.total_epochs={run.total_epochs}",
+        f"trainer.save_freq={run.save_freq}",
+        f"trainer.test_freq={run.test_freq}",
         f"trainer.project_name={run.project_name}",
         f"trainer.experiment_name={run.experiment_name or f'hotpotqa-{run.algorithm}'}",
         f"trainer.default_local_dir={run.checkpoint_dir}",
-        f"trainer.max_actor_ckpt_to_keep={run.keep_checkpoints}", f"trainer.max_critic_ckpt_to_keep={run.keep_checkpoints}",
+        f"trainer.max_actor_ckpt_to_keep={run.keep_checkpoints}",
+        f"trainer.max_critic_ckpt_to_keep={run.keep_checkpoints}",
         "trainer.logger=[" + ",".join(run.logger) + "]",
         f"+ray_kwargs.ray_init.runtime_env.env_vars.{EXTERNAL_MODULES_ENV}={MODULE_NAME}",
     ]
@@ -211,7 +268,14 @@ def verl_overrides(
         ov.append(f"+{rol}.custom.ar1_episode_dir={run.episode_dir}")
     if run.total_training_steps is not None:
         ov.append(f"trainer.total_training_steps={run.total_training_steps}")
-    return ov + list(run.extra_overrides)
+    return ov
+
+
+def verl_overrides(
+    run: VerlRunConfig,  # the knobs
+) -> list[str]:  # Hydra overrides for verl.trainer.main_ppo, in a stable order
+    "The Hydra overrides that configure verl's trainer for one of our algorithms."
+    return _core_overrides(run) + _model_overrides(run) + _trainer_overrides(run) + list(run.extra_overrides)
 
 # %% ../nbs/14_verl_launch.ipynb #ce89d0a6
 def verl_config_dir() -> Path:
@@ -239,20 +303,10 @@ def compose_verl_config(
     except Exception as e:  # Hydra's messages name the key; say where it came from
         raise ValueError(f"verl's configuration rejected the overrides: {e}") from None
 
-# %% ../nbs/14_verl_launch.ipynb #c101830f
-def validate_verl_config(
-    cfg,  # a composed configuration (compose_verl_config)
-    model_path: str | None = None,  # a local model folder standing in for the real one; None: the configured path if local
-) -> dict:  # what was checked: use_reference_policy, use_critic, sections (name -> dataclass), skipped
-    "Validate a composed configuration with verl's own checks, plus the registry names verl checks only at run time."
-    import contextlib
-    import io
-    import warnings
-
-    from omegaconf import OmegaConf, open_dict
+# %% ../nbs/14_verl_launch.ipynb #1bf2bd19
+def _check_registered(cfg) -> tuple[str, str]:
+    "The configured estimator and loss, refused unless verl knows them (verl itself checks only at run time)."
     from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
-    from verl.trainer.ppo.utils import need_critic, need_reference_policy
-    from verl.utils.config import omega_conf_to_dataclass, validate_config
 
     register_with_verl()
     est = cfg.algorithm.adv_estimator
@@ -263,6 +317,58 @@ def validate_verl_config(
     if loss not in POLICY_LOSS_REGISTRY:
         raise ValueError(f"actor_rollout_ref.actor.policy_loss.loss_mode={loss!r} is not registered with verl; "
                          f"known: {sorted(POLICY_LOSS_REGISTRY)}")
+    return est, loss
+
+
+def _ref_section(arr):
+    "The reference policy's section as verl's engine worker converts it (its log-prob keys renamed to the actor's)."
+    from omegaconf import open_dict
+
+    ref = copy.deepcopy(arr.ref)
+    with open_dict(ref):
+        ref.ppo_mini_batch_size = arr.actor.ppo_mini_batch_size
+        ref.ppo_micro_batch_size = ref.pop("log_prob_micro_batch_size", None)
+        ref.ppo_micro_batch_size_per_gpu = ref.pop("log_prob_micro_batch_size_per_gpu", None)
+        ref.use_dynamic_bsz = ref.pop("log_prob_use_dynamic_bsz", False)
+        ref.ppo_max_token_len_per_gpu = ref.pop("log_prob_max_token_len_per_gpu", None)
+    return ref
+
+
+def _convert_sections(todo: list[tuple[str, Any]]) -> dict[str, str]:
+    "Convert each (name, section) to verl's dataclass as its workers do: name -> dataclass name, or a clear refusal."
+    import contextlib
+    import io
+    import warnings
+
+    from verl.utils.config import omega_conf_to_dataclass
+
+    sections = {}
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():  # verl prints and warns as it converts
+        warnings.simplefilter("ignore")
+        for name, node in todo:
+            try:
+                sections[name] = type(omega_conf_to_dataclass(node)).__name__
+            except Exception as e:
+                raise ValueError(f"verl rejected the section {name}: {str(e).splitlines()[0][:300]}") from None
+    return sections
+
+# %% ../nbs/14_verl_launch.ipynb #c101830f
+def validate_verl_config(
+    cfg,  # a composed configuration (compose_verl_config)
+    model_path: (
+        str | None
+    ) = None,  # a local model folder standing in for the real one; None: the configured path if local
+) -> dict:  # what was checked: use_reference_policy, use_critic, sections (name -> dataclass), skipped
+    "Validate a composed configuration with verl's own checks, plus the registry names verl checks only at run time."
+    import contextlib
+    import io
+    import warnings
+
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    est, loss = _check_registered(cfg)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # need_critic warns when it turns the critic off
         use_ref, use_critic = bool(need_reference_policy(cfg)), bool(need_critic(cfg))
@@ -284,33 +390,25 @@ def validate_verl_config(
     except (AssertionError, ValueError) as e:
         raise ValueError(f"verl's validate_config refused the configuration: {e}") from None
     OmegaConf.resolve(c)
-    sections = {}
-    todo = [("algorithm", c.algorithm), ("actor_rollout_ref.actor", arr.actor), ("actor_rollout_ref.rollout", arr.rollout),
-            ("actor_rollout_ref.rollout.checkpoint_engine", arr.rollout.checkpoint_engine)]
+    todo = [
+        ("algorithm", c.algorithm),
+        ("actor_rollout_ref.actor", arr.actor),
+        ("actor_rollout_ref.rollout", arr.rollout),
+        ("actor_rollout_ref.rollout.checkpoint_engine", arr.rollout.checkpoint_engine),
+    ]
     if use_ref:
-        ref = copy.deepcopy(arr.ref)
-        with open_dict(ref):  # the renames verl's engine worker applies before converting
-            ref.ppo_mini_batch_size = arr.actor.ppo_mini_batch_size
-            ref.ppo_micro_batch_size = ref.pop("log_prob_micro_batch_size", None)
-            ref.ppo_micro_batch_size_per_gpu = ref.pop("log_prob_micro_batch_size_per_gpu", None)
-            ref.use_dynamic_bsz = ref.pop("log_prob_use_dynamic_bsz", False)
-            ref.ppo_max_token_len_per_gpu = ref.pop("log_prob_max_token_len_per_gpu", None)
-        todo.append(("actor_rollout_ref.ref", ref))
+        todo.append(("actor_rollout_ref.ref", _ref_section(arr)))
     models = [("actor_rollout_ref.model", arr.model)] + ([("critic.model", c.critic.model)] if use_critic else [])
     if local:
         todo += models
     else:
-        skipped += [f"{name} (loads the model from {arr.model.path}: pass model_path= a local stand-in)" for name, _ in models]
+        skipped += [
+            f"{name} (loads the model from {arr.model.path}: pass model_path= a local stand-in)" for name, _ in models
+        ]
     if use_critic and local:  # the critic's dataclass holds its model's, so it needs the stand-in too
         todo.append(("critic", c.critic))
     skipped.append("reward (verl itself never converts it)")
-    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for name, node in todo:
-            try:
-                sections[name] = type(omega_conf_to_dataclass(node)).__name__
-            except Exception as e:
-                raise ValueError(f"verl rejected the section {name}: {str(e).splitlines()[0][:300]}") from None
+    sections = _convert_sections(todo)
     return {"adv_estimator": est, "policy_loss": loss, "use_reference_policy": use_ref, "use_critic": use_critic,
             "agent_loop": agent_loop, "sections": sections, "model_checked_with": local, "skipped": skipped}
 
@@ -362,6 +460,24 @@ def launch_commands(
         "submit": f"{ray} job submit --address=http://{head}:{dashboard_port} -- {job}",
     }
 
+# %% ../nbs/14_verl_launch.ipynb #cac920d4
+def write_launch_script(
+    run: VerlRunConfig,  # the knobs
+    out_dir: str | Path,  # the run folder: launch.sh goes here
+    repo_dir: str | Path = ".",  # the checkout the commands run in (they name .venv-gpu relative to it)
+    head_address: str | None = None,  # as in launch_commands
+) -> Path:  # the script
+    "Write `launch_commands` as one bash script, step by step: what a GPU run executes, kept beside its configuration."
+    cmds = launch_commands(run, head_address=head_address)
+    lines = ["#!/usr/bin/env bash", f"# {run.algorithm}: written by agent_r1_tutorial.verl_launch.write_launch_script",
+             "set -euo pipefail", f"cd {shlex.quote(str(Path(repo_dir).resolve()))}"]
+    for step, cmd in cmds.items():
+        lines += ["", f"# {step}", cmd]
+    path = Path(out_dir) / "launch.sh"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
 # %% ../nbs/14_verl_launch.ipynb #4b4768f3
 def read_verl_metrics(
     out_dir: str | Path,  # a run folder whose launches logged to metrics-<n>.jsonl (VERL_FILE_LOGGER_PATH)
@@ -394,7 +510,8 @@ def make_verl_agent_loop(
     processor=None,  # a multimodal processor (None for text models)
     hf_model_type: str | None = None,  # the model's config.model_type (verl passes it; "qwen2" for Qwen2.5)
 ):  # an Ar1AgentLoop, ready for `await loop.run(sampling_params, **row)`
-    "Build our agent loop exactly as verl's agent-loop worker builds one for a row: registry entry, Hydra instantiate, verl's wrappers."
+    """Build our agent loop exactly as verl's agent-loop worker builds one for a row: registry entry, Hydra
+    instantiate, verl's wrappers."""
     import contextlib
     import io
 
@@ -406,9 +523,16 @@ def make_verl_agent_loop(
     with contextlib.redirect_stdout(io.StringIO()):  # verl prints the dataset class it picked
         dataset_cls = get_dataset_class(cfg.data)
     return hydra.utils.instantiate(
-        config=_agent_loop_registry[AGENT_NAME], trainer_config=DictConfigWrap(config=cfg), server_manager=server_manager,
-        tokenizer=tokenizer, processor=processor, hf_model_type=hf_model_type, dataset_cls=dataset_cls,
-        data_config=DictConfigWrap(cfg.data), tools=ToolListWrap([]))
+        config=_agent_loop_registry[AGENT_NAME],
+        trainer_config=DictConfigWrap(config=cfg),
+        server_manager=server_manager,
+        tokenizer=tokenizer,
+        processor=processor,
+        hf_model_type=hf_model_type,
+        dataset_cls=dataset_cls,
+        data_config=DictConfigWrap(cfg.data),
+        tools=ToolListWrap([]),
+    )
 
 
 def verl_sampling_params(

@@ -14,7 +14,7 @@ to >= 0.90 with one-hop >= 0.95, all stages in <= 900 s on 2 CPU cores. rl-matte
 >= 0.30 over its SFT start, beside the no-tool and SFT-only baselines. Any SpeedrunConfig field can be changed with --set KEY=VALUE;
 for instance `rl-matters --set sft_hops=1,2 --set sft_two_hop_share=0.02` demonstrates a few two-hop episodes instead
 of none, and `--set sft_hops=1,2 --set sft_two_hop_stop=0.7` demonstrates every two-hop question but has the expert
-answer 70% of them after one search (chapter 11, section 15, where RL then matters). Runs resume: a killed benchmark
+answer 70% of them after one search (chapter 11, section 10, where RL then matters). Runs resume: a killed benchmark
 started again with the same --out continues where it stopped.
 """
 from __future__ import annotations
@@ -191,7 +191,8 @@ def rl_speed(args, lines: list[str]):
     from transformers import AutoTokenizer
     import torch
 
-    from agent_r1_tutorial.speedrun import WorldSearchTool, _load_model, build_suite, rl_trainer_config, run_speedrun
+    from agent_r1_tutorial.speedrun import _load_model, build_suite, rl_trainer_config, run_speedrun
+    from agent_r1_tutorial.worlds import WorldSearchTool
     from agent_r1_tutorial.tools import BaseTool
     from agent_r1_tutorial.trainer import Trainer
 

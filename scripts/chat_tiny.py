@@ -36,7 +36,8 @@ def main(argv=None) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from agent_r1_tutorial.speedrun import ask, fresh_world, make_questions
+    from agent_r1_tutorial.speedrun import ask, fresh_world
+    from agent_r1_tutorial.worlds import make_questions
 
     hf_logging.disable_progress_bar()
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()

@@ -8,9 +8,9 @@ import pytest
 from conftest import ROOT
 from hypothesis import given, settings, strategies as st
 
-from agent_r1_tutorial.speedrun import (
-    SpeedrunConfig, WorldSearch, arith_expert, arith_env, make_arith_tasks, make_split, make_world, parse_question,
-    play, search_expert, write_report,
+from agent_r1_tutorial.speedrun import SpeedrunConfig, write_report
+from agent_r1_tutorial.worlds import (
+    WorldSearch, arith_expert, arith_env, make_arith_tasks, make_split, make_world, parse_question, play, search_expert,
 )
 from agent_r1_tutorial.rollout import SamplingParams, ScriptedBackend
 from agent_r1_tutorial.tinylm import build_tiny_lm
