@@ -5,6 +5,7 @@
 # %% ../nbs/00_core.ipynb #e0ce3196
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
@@ -291,6 +292,18 @@ def in_test() -> bool:
     return os.environ.get("IN_TEST", "") not in ("", "0")
 
 # %% ../nbs/00_core.ipynb #e848eb45
+class _Elided:
+    "Stands for a default too long for a signature line."
+
+    def __repr__(self):
+        return "..."
+
+
+def _long_default(param: dict, limit: int = 32) -> bool:
+    d = param.get("default", inspect.Parameter.empty)
+    return d is not inspect.Parameter.empty and not hasattr(d, "__name__") and len(repr(d)) > limit
+
+
 class ParamTableRenderer:
     "`show_doc`'s renderer for this site: the signature without its comments, the docstring, a table of parameters."
 
@@ -329,7 +342,9 @@ class ParamTableRenderer:
             return self.base._repr_markdown_()  # nothing to put in a table: nbdev's rendering as it is
         if isinstance(dm, DocmentText):
             saved = dm.dm
-            dm.dm = {k: {**v, "docment": None} for k, v in saved.items()}  # the signature without its comments
+            # the signature without its comments, and long defaults elided (the table below shows them in full)
+            dm.dm = {k: {**v, "docment": None, **({"default": _Elided()} if _long_default(v) else {})}
+                     for k, v in saved.items()}
             try:
                 text = self.base._repr_markdown_()
             finally:

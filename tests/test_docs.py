@@ -273,3 +273,73 @@ def test_search_box_finds_body_text(site, server, browser):
     assert any(CHAPTER in h for h in hrefs), hrefs
     assert not problems
     page.close()
+
+
+# what a page's layout must hold at desktop width (1280 px), measured in the browser; see `_layout_problems`
+_LAYOUT_JS = """() => {
+  const main = document.querySelector('main');
+  const col = main.clientWidth;
+  const out = {col, pre: [], tables: [], math: [], figures: [], toc_in_outputs: [], nav: 0};
+  const over = el => el.scrollWidth - el.clientWidth;
+  // code and API signatures; printed outputs (transcripts, logs) may scroll inside their box
+  for (const el of main.querySelectorAll('pre.sourceCode')) if (el.offsetParent && over(el) > 2)
+    out.pre.push(el.innerText.split('\\n').reduce((a, b) => a.length > b.length ? a : b).slice(0, 60));
+  for (const el of main.querySelectorAll('table')) if (el.offsetParent && el.getBoundingClientRect().width > col + 2)
+    out.tables.push(el.innerText.slice(0, 60));
+  for (const el of main.querySelectorAll('.katex-display')) if (over(el) > 2) out.math.push(el.innerText.slice(0, 40));
+  for (const img of main.querySelectorAll('img')) {
+    const w = img.getBoundingClientRect().width;
+    if (img.naturalWidth > 0 && w > 0 && w < Math.min(img.naturalWidth, col) * 0.5)
+      out.figures.push(`${img.getAttribute('src')}: ${img.naturalWidth} px drawn at ${Math.round(w)}`);
+  }
+  for (const a of document.querySelectorAll('#TOC a[href^="#"]')) {
+    const h = document.getElementById(decodeURIComponent(a.getAttribute('href').slice(1)));
+    // an API entry (show_doc) is a cell output too, but it opens with a rule: only other outputs' headings count
+    const api = h && h.previousElementSibling && h.previousElementSibling.tagName === 'HR';
+    if (h && !api && h.closest('.cell-output, .cell-output-display, .cell-output-stdout')) out.toc_in_outputs.push(a.innerText);
+  }
+  out.nav = document.querySelectorAll('.page-navigation a').length;
+  return out;
+}"""
+
+
+def _layout_problems(name: str, m: dict) -> list[str]:
+    "What a reader would meet: code, API tables or equations wider than the column, shrunk figures, a stray TOC."
+    out = [f"{name}: code block wider than the column: {s!r}" for s in m["pre"]]
+    out += [f"{name}: table wider than the column: {s!r}" for s in m["tables"]]
+    out += [f"{name}: display equation wider than the column: {s!r}" for s in m["math"]]
+    out += [f"{name}: figure shrunk below half its size: {s}" for s in m["figures"]]
+    out += [f"{name}: table of contents lists a heading from a cell's output: {s!r}" for s in m["toc_in_outputs"]]
+    if m["nav"] < 1:
+        out.append(f"{name}: no previous/next links")
+    return out
+
+
+def test_every_page_fits_its_column(site, server, browser):
+    """At 1280 px no code block, API table or display equation is wider than the content column, no figure is drawn
+    at less than half its size, the contents list only the page's own headings, and previous/next links exist.
+    Every page is photographed at 1280 and 390 px wide into _build/artifacts/pages/."""
+    shots = ARTIFACTS / "pages"
+    shots.mkdir(parents=True, exist_ok=True)
+    problems = []
+    for html in sorted(site.glob("*.html")):
+        page, errors = _open(browser, server + html.name)
+        problems += [f"{html.name}: {e}" for e in errors]
+        problems += _layout_problems(html.name, page.evaluate(_LAYOUT_JS))
+        page.screenshot(path=str(shots / f"{html.stem}-1280.png"), full_page=True)
+        page.set_viewport_size({"width": 390, "height": 844})
+        page.wait_for_timeout(100)
+        page.screenshot(path=str(shots / f"{html.stem}-390.png"), full_page=True)
+        page.close()
+    assert not problems, f"{len(problems)} layout problems:\n" + "\n".join(problems)
+
+
+def test_search_ranks_the_defining_chapter_first(site, server, browser):
+    "Searching a name the masks chapter defines finds the masks chapter first."
+    page, problems = _open(browser, server + "index.html")
+    page.fill("#quarto-search input", "response_mask")
+    page.wait_for_selector(".search-result", timeout=10000)
+    hrefs = page.evaluate("[...document.querySelectorAll('.search-result')].map(a => a.getAttribute('href'))")
+    assert hrefs and hrefs[0].split("#")[0].endswith("masks.html"), hrefs[:5]
+    assert not problems
+    page.close()

@@ -1,6 +1,7 @@
 """Notebooks are the source: the library must be exactly what nbdev-export makes of them, the notebooks must be
 clean, and the book must keep its shape (one module per notebook, imports flowing one way)."""
 import ast
+import json
 import re
 import shutil
 import subprocess
@@ -91,3 +92,13 @@ def test_sync_check_catches_a_hand_edit(tmp_path):
     before = core.read_bytes()
     subprocess.run([venv_bin("nbdev-export")], cwd=tmp_path, capture_output=True, check=True)
     assert core.read_bytes() != before, "nbdev-export did not regenerate a hand-edited module"
+
+
+def test_title_cells_hold_only_title_and_description():
+    "nbdev turns a chapter's first Markdown cell into the page's title and description and drops the rest of that cell."
+    for nb in _notebooks():
+        cells = json.loads(nb.read_text())["cells"]
+        first = next(c for c in cells if c["cell_type"] == "markdown")
+        lines = [l for l in "".join(first["source"]).splitlines()[1:] if l.strip()]
+        extra = [l for l in lines if not l.startswith(">")]
+        assert not extra, f"{nb.name}: the title cell also holds {extra[0][:60]!r}..., which the site would not show"
