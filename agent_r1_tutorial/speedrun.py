@@ -29,16 +29,17 @@ from .trainer import ALGORITHMS, Trainer, TrainerConfig, latest_checkpoint
 from .worlds import *  # the worlds, questions, search environments and experts (chapter 10a)
 
 # %% auto #0
-__all__ = ['TASKS', 'RETRIEVERS', 'DRILL_KINDS', 'COPY_ENOUGH', 'STAGE_NAMES', 'RL_FIELDS', 'SpeedrunConfig', 'parse_set_value',
-           'Suite', 'build_suite', 'expert_trajectories', 'build_tokenizer', 'longest_turn', 'check_turn_budget',
-           'sft_loss', 'pretrain_batches', 'search_drill', 'arith_drill', 'collate_drills', 'drill_batches',
-           'copy_accuracy', 'copy_check_kinds', 'copy_signal', 'sft_batches', 'train_lm', 'episode_record',
-           'evaluate_agent', 'rl_trainer_config', 'rl_signal', 'run_speedrun', 'plot_run', 'em_timeline',
-           'plot_em_over_time', 'write_report', 'fork_after_sft', 'episode_html', 'trajectory_browser', 'fresh_world',
-           'ask']
+__all__ = ['TASKS', 'TOKENIZER_SPACES', 'RETRIEVERS', 'DRILL_KINDS', 'COPY_ENOUGH', 'STAGE_NAMES', 'RL_FIELDS', 'SpeedrunConfig',
+           'parse_set_value', 'Suite', 'build_suite', 'expert_trajectories', 'build_tokenizer', 'longest_turn',
+           'check_turn_budget', 'sft_loss', 'pretrain_batches', 'search_drill', 'arith_drill', 'collate_drills',
+           'drill_batches', 'copy_accuracy', 'copy_check_kinds', 'copy_signal', 'sft_batches', 'train_lm',
+           'episode_record', 'evaluate_agent', 'rl_trainer_config', 'rl_signal', 'run_speedrun', 'plot_run',
+           'em_timeline', 'plot_em_over_time', 'write_report', 'fork_after_sft', 'episode_html', 'trajectory_browser',
+           'fresh_world', 'ask']
 
 # %% ../nbs/11_speedrun.ipynb #cf99d7b3
 TASKS = ("search", "arith")
+TOKENIZER_SPACES = ("isolated", "trailing")
 RETRIEVERS = ("dense", "bm25")
 DRILL_KINDS = (0, 1, 2, 3)  # the search drills `search_drill` writes
 
@@ -65,6 +66,8 @@ class SpeedrunConfig:
     think: bool = True  # the expert quotes the sentence it reads
     plan: bool = False  # the expert says the searches the question needs (<think>2 hops</think>) and counts them (1/2)
     vocab_size: int = 1024
+    tokenizer_spaces: str = "isolated"  # search: "isolated" (each space a token) or "trailing" (glued to the word before)
+    quote_names: bool = False  # questions quote their name, which then ends at a quote as in the search call
     # --- model
     hidden_size: int = 128
     num_layers: int = 2  # copying (an induction head) needs two; an SFT step takes ~0.25 s on 2 cores
@@ -103,6 +106,8 @@ class SpeedrunConfig:
             raise ValueError(f"unknown task {self.task!r}; choose one of {list(TASKS)}")
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {self.algorithm!r}; choose one of {list(ALGORITHMS)}")
+        if self.tokenizer_spaces not in TOKENIZER_SPACES:
+            raise ValueError(f"tokenizer_spaces must be one of {TOKENIZER_SPACES}, got {self.tokenizer_spaces!r}")
         if self.retriever not in RETRIEVERS:
             raise ValueError(f"unknown retriever {self.retriever!r}; choose one of {list(RETRIEVERS)}")
         self.world_size, self.sft_hops, self.rl_hops = tuple(self.world_size), tuple(self.sft_hops), tuple(self.rl_hops)
@@ -239,9 +244,10 @@ def build_suite(cfg: SpeedrunConfig, encoder: CachedEncoder | None = None) -> Su
                      lambda rng: arith_drill(rng, cfg.think), time.perf_counter() - t0,
                      drill_check=lambda rng: arith_drill(rng, cfg.think))
     hops = tuple(sorted(set(cfg.sft_hops) | set(cfg.rl_hops)))
-    tr = make_split(cfg.train_worlds, cfg.per_world, seed=cfg.seed * 2 + 1, hops=hops, world_size=cfg.world_size)
+    tr = make_split(cfg.train_worlds, cfg.per_world, seed=cfg.seed * 2 + 1, hops=hops, world_size=cfg.world_size,
+                    quote=cfg.quote_names)
     ev = make_split(cfg.eval_worlds, cfg.eval_per_world, seed=cfg.seed * 2 + 2, hops=(1, 2), banned=tr.names(),
-                    world_size=cfg.world_size)
+                    world_size=cfg.world_size, quote=cfg.quote_names)
     train_env = WorldSearch(tr.worlds, cfg.retriever, k=cfg.search_k, max_turns=cfg.max_turns,
                             process_reward=cfg.process_reward, encoder=encoder)
     eval_env = WorldSearch(ev.worlds, cfg.retriever, k=cfg.search_k, max_turns=cfg.max_turns,
@@ -261,11 +267,13 @@ def build_suite(cfg: SpeedrunConfig, encoder: CachedEncoder | None = None) -> Su
         no_tool,
         lambda ctx: search_expert(ctx, think=cfg.think, stop_early=stop, salt=salt, plan=cfg.plan),
         [d["text"] for w in tr.worlds for d in w.passages()],
-        lambda rng: search_drill(tr.worlds, rng, cfg.search_k, cfg.drill_fresh, ev_names, cfg.drill_kinds),
+        lambda rng: search_drill(tr.worlds, rng, cfg.search_k, cfg.drill_fresh, ev_names, cfg.drill_kinds,
+                                 cfg.quote_names),
         time.perf_counter() - t0,
         flawed=lambda t: stops_early(t["question"], stop, salt),
         # the query and answer drills on the held-out worlds (a quoted sentence may be either of two)
-        drill_check=lambda rng: search_drill(ev.worlds, rng, cfg.search_k, kinds=copy_check_kinds(cfg.drill_kinds)),
+        drill_check=lambda rng: search_drill(ev.worlds, rng, cfg.search_k, kinds=copy_check_kinds(cfg.drill_kinds),
+                                             quote=cfg.quote_names),
     )
 
 # %% ../nbs/11_speedrun.ipynb #ec2e4fac
@@ -284,14 +292,16 @@ def build_tokenizer(
     vocab_size: int = 1024,
     n_texts: int = 2000,  # expert episodes to learn from (the passages are added)
     isolate_digits: bool = False,  # one token per digit (the arithmetic task copies numbers)
+    trailing_spaces: bool = False,  # each space glued to the word before it (else every space its own token)
 ):
-    "A tokenizer trained on the expert's episodes and the passages, spaces as their own tokens."
+    "A tokenizer trained on the expert's episodes and the passages, a name the same tokens wherever it is copied."
     boot, _ = _bootstrap_tokenizer()
     trajs = expert_trajectories(suite, boot, suite.sft_tasks[:n_texts])
     if not trajs:
         raise RuntimeError("the expert solved none of the tasks: check the retriever and the worlds")
     texts = [boot.decode(t.sequence_ids()) for t in trajs] + suite.passages
-    return train_tokenizer(texts, vocab_size=vocab_size, isolate_spaces=True, isolate_digits=isolate_digits)
+    return train_tokenizer(texts, vocab_size=vocab_size, isolate_spaces=not trailing_spaces,
+                           trailing_spaces=trailing_spaces, isolate_digits=isolate_digits)
 
 
 def _bootstrap_tokenizer():
@@ -346,6 +356,7 @@ def search_drill(
     fresh: bool = False,  # draw a new world (new names) for every drill instead of a training world
     banned: set[str] | frozenset = frozenset(),  # names a fresh world must not use (the held-out worlds')
     kinds: Sequence[int] = (0, 1, 2),  # 0 the query, 1 a quoted sentence, 2 the answer, 3 the object of a quote
+    quote: bool = False,  # the questions of query drills quote their name (`make_questions`)
 ) -> tuple[str, str]:
     "One short copying exercise from a random world, in the agent's markup: (context, target)."
     if fresh:  # names never seen before cannot be completed from memory: only copying gets them right
@@ -355,7 +366,7 @@ def search_drill(
         w = rng.choice(worlds)
     kind = rng.choice(kinds)
     if kind == 0:  # the name in a question goes into the search call
-        t = make_questions(w, rng, 1, rng.choice((1, 2)))[0]
+        t = make_questions(w, rng, 1, rng.choice((1, 2)), quote=quote)[0]
         call = search_call(t["chain"][0])
         cut = call.index('"query": "') + len('"query": "')
         return f"{t['question']}\n{call[:cut]}", call[cut:]
@@ -370,7 +381,7 @@ def search_drill(
         # 3: the quote is given up to its object, and only the object is the target: the one part of a quote that
         # must be found in the passage by content (a sentence's first object is the hard one for a tiny model)
         m = rng.choice(facts)
-        return head + m.group(0)[:m.start(2)].rstrip(), f" {m.group(2)}."
+        return head + m.group(0)[:m.start(2)], f"{m.group(2)}."  # the space stays with the word before the object
     # the object of a quoted fact is the answer (any fact of the world: this drill needs no tool response)
     facts = [m for d in w.passages() for s in re.findall(r"[^.]+\.", d["text"]) if (m := _SENTENCE.match(s.strip()))]
     m = rng.choice(facts)
@@ -637,7 +648,10 @@ def _open_run(cfg: SpeedrunConfig, run_dir: Path, suite: Suite | None, progress:
 def _data_stage(r: _Run):
     "The tokenizer and the held-out tasks (the stage's time includes building the suite, however it was built)."
     t0 = time.perf_counter()
-    tok = build_tokenizer(r.suite, r.cfg.vocab_size, isolate_digits=r.cfg.task == "arith")
+    # arithmetic copies digits: one token each, and every space its own token; search copies names (chapter 00a)
+    arith = r.cfg.task == "arith"
+    tok = build_tokenizer(r.suite, r.cfg.vocab_size, isolate_digits=arith,
+                          trailing_spaces=not arith and r.cfg.tokenizer_spaces == "trailing")
     tok.save_pretrained(r.dir / "tokenizer")
     with open(r.dir / "eval_tasks.jsonl", "w") as f:
         f.writelines(json.dumps(t) + "\n" for t in r.suite.eval_tasks)
@@ -1072,11 +1086,12 @@ def ask(
     k: int = 1,  # passages per search: as in training (the run's `search_k`)
     max_new_tokens: int = 96,
     max_turns: int = 4,
+    quote: bool = False,  # quote the question's name, as a model trained with `quote_names` read its questions
 ) -> dict:  # the episode record (see `episode_record`)
     "Put one question about `world` to the model: search, read, answer; the episode as a record."
     if not isinstance(question, str) or not question.strip():
         raise ValueError("question must be a non-empty string")
-    task = {"question": question.strip(), "answer": answer if answer is not None else "", "hops": 1, "world": 0,
+    task = {"question": quote_name(question) if quote else question.strip(), "answer": answer if answer is not None else "", "hops": 1, "world": 0,
             "chain": [""]}
     envs = WorldSearch([world], retriever, k=k, max_turns=max_turns)
     _, records = evaluate_agent(model, tokenizer, [task], envs, max_new_tokens, max_turns)

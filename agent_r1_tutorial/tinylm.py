@@ -72,6 +72,7 @@ def train_tokenizer(
     vocab_size: int = 1024,  # the largest vocabulary, bytes and added tokens included (less if text runs out)
     min_frequency: int = 2,  # a pair must occur this often to be merged
     isolate_spaces: bool = False,  # make every space its own token, so a word has the same tokens everywhere
+    trailing_spaces: bool = False,  # glue each space to the word before it and split punctuation off (see below)
     isolate_digits: bool = False,  # every digit its own token, as in Qwen2's tokenizer (numbers copy digit by digit)
 ) -> PreTrainedTokenizerFast:
     "Train a byte-level BPE tokenizer with Qwen's chat markup and chat template, entirely offline."
@@ -82,11 +83,16 @@ def train_tokenizer(
     texts = [t for t in texts if isinstance(t, str) and t]
     if not texts:
         raise ValueError("texts is empty: a tokenizer needs some text to learn merges from")
+    if isolate_spaces and trailing_spaces:
+        raise ValueError("isolate_spaces and trailing_spaces are two ways to place a space: choose one")
     tok = Tokenizer(models.BPE())
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
     # GPT-2-style splitting glues a space to the word after it (" Bamro" and "Bamro" are different tokens);
-    # splitting spaces off first keeps a word's tokens the same after a space, a quote or a tag
+    # splitting spaces off first keeps a word's tokens the same after a space, a quote or a tag; gluing each space to
+    # the word before it keeps them the same too, and the word before a name becomes one token ("in " before "Bamro")
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=not trailing_spaces)
     splits = ([pre_tokenizers.Split(" ", "isolated")] if isolate_spaces else []) + \
+             ([pre_tokenizers.Split(" ", "merged_with_previous"), pre_tokenizers.Punctuation("isolated")]
+              if trailing_spaces else []) + \
              ([pre_tokenizers.Digits(individual_digits=True)] if isolate_digits else [])
     # without isolated digits BPE merges frequent digit pairs: 357 may become "35" "7" and 457 "4" "57", so copying
     # a number means copying an arbitrary split of it

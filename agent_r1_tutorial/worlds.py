@@ -24,7 +24,7 @@ from .rewards import exact_match, numbers_match
 
 # %% auto #0
 __all__ = ['ORG_SUFFIXES', 'ONE_HOP', 'TWO_HOP', 'World', 'make_world', 'make_questions', 'Split', 'make_split', 'CachedEncoder',
-           'NoSearch', 'search_reward', 'WorldSearchTool', 'WorldSearch', 'parse_question', 'search_call',
+           'NoSearch', 'search_reward', 'WorldSearchTool', 'WorldSearch', 'parse_question', 'quote_name', 'search_call',
            'stops_early', 'search_expert', 'play', 'arith_problem', 'make_arith_tasks', 'arith_reward', 'arith_env',
            'arith_expert']
 
@@ -125,6 +125,7 @@ def make_questions(
     n: int,  # how many questions
     hops: int,  # 1 or 2
     world_id: int = 0,  # recorded in each task, so that the environment can search the right world
+    quote: bool = False,  # put the name in double quotes: it then ends at a quote, as in the search call (see below)
 ) -> list[dict]:  # tasks: question, answer, hops, world, chain (the entities visited, the answer last)
     "Random questions about one world, with their answers and the chain of entities that leads to them."
     if hops not in (1, 2):
@@ -138,7 +139,7 @@ def make_questions(
         chain = [x]
         for rel in path:
             chain.append(getattr(world, rel)[chain[-1]])
-        out.append({"question": tpl.format(x=x), "answer": chain[-1], "hops": hops, "world": world_id, "chain": chain})
+        out.append({"question": tpl.format(x=f'"{x}"' if quote else x), "answer": chain[-1], "hops": hops, "world": world_id, "chain": chain})
     return out
 
 
@@ -159,6 +160,7 @@ def make_split(
     hops: Sequence[int] = (1, 2),
     banned: set[str] | frozenset = frozenset(),  # names another split uses
     world_size: tuple[int, int, int] = (6, 2, 3),  # people, organisations, cities
+    quote: bool = False,  # quote the names in the questions (make_questions)
 ) -> Split:
     "Many small worlds, each with its questions; no name is shared between worlds or with `banned`."
     if not isinstance(n_worlds, int) or n_worlds < 1 or not isinstance(per_world, int) or per_world < 1:
@@ -171,7 +173,7 @@ def make_split(
         used |= w.names()
         worlds.append(w)
         for h in hops:
-            tasks += make_questions(w, rng, per_world, h, world_id=i)
+            tasks += make_questions(w, rng, per_world, h, world_id=i, quote=quote)
     return Split(worlds, tasks)
 
 # %% ../nbs/10a_worlds.ipynb #011f2d72
@@ -301,7 +303,9 @@ def tool(self: WorldSearch, world_id: int) -> WorldSearchTool:
     return self.tools[world_id]
 
 # %% ../nbs/10a_worlds.ipynb #13647809
-_QUESTION_RES = [(re.compile("^" + re.escape(t).replace(re.escape("{x}"), "(.+)") + "$"), path)
+# each template as a pattern, longest first: first with the name quoted, then as it is
+_QUESTION_RES = [(re.compile("^" + re.escape(t).replace(re.escape("{x}"), q + "(.+)" + q) + "$"), path, t)
+                 for q in ('"', "")
                  for t, (_, path) in sorted({**TWO_HOP, **ONE_HOP}.items(), key=lambda kv: -len(kv[0]))]
 _RELATION_RES = {"born_in": "{e} was born in ([^.]+)\\.", "works_for": "{e} works for ([^.]+)\\.",
                  "based_in": "{e} is based in ([^.]+)\\.", "led_by": "{e} is led by ([^.]+)\\."}
@@ -311,11 +315,20 @@ _CONTEXT_RESULTS = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.S)
 
 def parse_question(question: str) -> tuple[str | None, tuple[str, ...]]:
     "The named entity and the relation path of a generated question; (None, ()) for anything else."
-    for pat, path in _QUESTION_RES:
+    for pat, path, _ in _QUESTION_RES:
         m = pat.match(question.strip())
         if m:
             return m.group(1), path
     return None, ()
+
+
+def quote_name(question: str) -> str:
+    "A generated question's form with its name quoted (as a model trained with `quote=True` read them); else as it is."
+    for pat, _, tpl in _QUESTION_RES:
+        m = pat.match(question.strip())
+        if m:
+            return tpl.format(x=f'"{m.group(1)}"')
+    return question.strip()
 
 
 def search_call(query: str) -> str:

@@ -48,11 +48,12 @@ def main(argv=None) -> int:
         print("  " + d["text"])
 
     cfg_file = run / "config.json"  # search as the run was trained: the same number of passages per search
-    k = json.loads(cfg_file.read_text()).get("search_k", 1) if cfg_file.exists() else 1  # a model's config has none
+    run_cfg = json.loads(cfg_file.read_text()) if cfg_file.exists() else {}  # a model's own config.json has neither
+    k, quote = run_cfg.get("search_k", 1), run_cfg.get("quote_names", False)
     print(f"search: {args.retriever}, {k} passage(s) per query, as in training")
 
     def show(question, gold=None):
-        rec = ask(model, tok, world, question, args.retriever, answer=gold, k=k)
+        rec = ask(model, tok, world, question, args.retriever, answer=gold, k=k, quote=quote)
         print(f"\n> {question}")
         for i, t in enumerate(rec["turns"], 1):
             print(f"  [agent, turn {i}] " + t["response"].replace("\n", "\n                   "))
