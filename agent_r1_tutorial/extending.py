@@ -57,6 +57,24 @@ def _check_estimator(name: str, fn: Callable, fields: dict):
                          "tokens): multiply by response_mask")
 
 
+def _register(kind: str, table: dict, name: str, fn: Callable | None, replace: bool, check: Callable):
+    "What the register functions share: the name and the callable checked, `check(name, f)` run, then `f` stored."
+    def add(f):
+        _check_name(kind, name, table, replace)
+        if not callable(f):
+            raise TypeError(f"{kind} {name!r} must be callable, got {type(f).__name__}")
+        check(name, f)
+        table[name] = f
+        return f
+    return add if fn is None else add(fn)
+
+
+def _check_estimator_signature(name: str, f: Callable):
+    if not any(p.kind is p.VAR_KEYWORD for p in inspect.signature(f).parameters.values()):
+        raise TypeError(f"estimator {name!r} must accept **kwargs: the trainer and verl pass every batch field")
+    _check_estimator(name, f, _toy_fields())
+
+
 def register_adv_estimator(
     name: str,  # the name an algorithm uses (verl sees it as ar1_<name>)
     fn: Callable | None = None,  # fn(token_level_rewards, response_mask, **fields) -> (advantages, returns)
@@ -64,16 +82,7 @@ def register_adv_estimator(
     replace: bool = False,  # replace an estimator of the same name
 ):
     "Check an advantage estimator on a toy batch and register it (usable as a decorator)."
-    def add(f):
-        _check_name("advantage estimator", name, ADV_ESTIMATORS, replace)
-        if not callable(f):
-            raise TypeError(f"estimator {name!r} must be callable, got {type(f).__name__}")
-        if not any(p.kind is p.VAR_KEYWORD for p in inspect.signature(f).parameters.values()):
-            raise TypeError(f"estimator {name!r} must accept **kwargs: the trainer and verl pass every batch field")
-        _check_estimator(name, f, _toy_fields())
-        ADV_ESTIMATORS[name] = f
-        return f
-    return add if fn is None else add(fn)
+    return _register("advantage estimator", ADV_ESTIMATORS, name, fn, replace, _check_estimator_signature)
 
 # %% ../nbs/16_extending.ipynb #8c3c06e7
 def _check_policy_loss(name: str, fn: Callable):
@@ -96,21 +105,12 @@ def _check_policy_loss(name: str, fn: Callable):
 
 def register_policy_loss(
     name: str,  # the name for TrainerConfig.policy_loss / VerlRunConfig.policy_loss (verl: ar1_<name>)
-    fn: (
-        Callable | None
-    ) = None,  # fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
+    fn: Callable | None = None,  # fn(old_log_prob, log_prob, advantages, response_mask, agg_mode, config, weights)
     *,
     replace: bool = False,  # replace a loss of the same name
 ):
     "Check a policy loss on toy inputs and register it (usable as a decorator)."
-    def add(f):
-        _check_name("policy loss", name, POLICY_LOSSES, replace)
-        if not callable(f):
-            raise TypeError(f"policy loss {name!r} must be callable, got {type(f).__name__}")
-        _check_policy_loss(name, f)
-        POLICY_LOSSES[name] = f
-        return f
-    return add if fn is None else add(fn)
+    return _register("policy loss", POLICY_LOSSES, name, fn, replace, _check_policy_loss)
 
 # %% ../nbs/16_extending.ipynb #4943dde9
 def register_algorithm(
