@@ -190,7 +190,7 @@ def _git_commit(path: Path) -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
 
-
+# %% ../nbs/00_core.ipynb #da706f90
 def env_report(
     packages: Iterable[str] = DEFAULT_PACKAGES,  # distributions whose versions to record (None when not installed)
 ) -> dict:
@@ -303,7 +303,7 @@ def _long_default(param: dict, limit: int = 32) -> bool:
     d = param.get("default", inspect.Parameter.empty)
     return d is not inspect.Parameter.empty and not hasattr(d, "__name__") and len(repr(d)) > limit
 
-
+# %% ../nbs/00_core.ipynb #9437147c
 class ParamTableRenderer:
     "`show_doc`'s renderer for this site: the signature without its comments, the docstring, a table of parameters."
 

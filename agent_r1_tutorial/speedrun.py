@@ -227,7 +227,7 @@ class Suite:
 def _kind(task: dict) -> str:
     return f"{task['hops']}-hop" if "hops" in task else "arith"
 
-
+# %% ../nbs/11_speedrun.ipynb #3f4e5dcc
 def build_suite(cfg: SpeedrunConfig, encoder: CachedEncoder | None = None) -> Suite:
     "The tasks, environments and expert of `cfg.task`."
     t0 = time.perf_counter()
@@ -844,7 +844,7 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     story = plot_em_over_time(run_dir)
     return ([story] if story else []) + out
 
-
+# %% ../nbs/11_speedrun.ipynb #78498e05
 def em_timeline(run_dir: str | Path) -> list[dict]:
     "Every held-out evaluation of a run, in order: stage, minutes since the run began, and its metrics."
     run_dir = Path(run_dir)

@@ -615,10 +615,8 @@ class HermesFormat(ToolFormat):
         try:
             obj = json.loads(body)
         except json.JSONDecodeError as e:
-            return (
-                None,
-                f"tool call {i} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); write {_CALL_EXAMPLE}",
-            )
+            return None, (f"tool call {i} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); "
+                          f"write {_CALL_EXAMPLE}")
         except (ValueError, RecursionError) as e:
             return None, f"tool call {i} is not valid JSON ({type(e).__name__}); write {_CALL_EXAMPLE}"
         if not isinstance(obj, dict):
@@ -633,10 +631,8 @@ class HermesFormat(ToolFormat):
             except (ValueError, RecursionError):
                 return None, f"tool call {i} ({_short(name, 40)}): \"arguments\" is a string that is not a JSON object"
         if not isinstance(args, dict):
-            return (
-                None,
-                f'tool call {i} ({_short(name, 40)}): "arguments" must be a JSON object, got {type(args).__name__}',
-            )
+            return None, (f'tool call {i} ({_short(name, 40)}): "arguments" must be a JSON object, '
+                          f'got {type(args).__name__}')
         return ToolCall(name.strip(), args), None
 
     def _parse(self, text: str) -> ParsedResponse:
@@ -653,9 +649,8 @@ class HermesFormat(ToolFormat):
         return ParsedResponse(content=content.strip(), calls=calls, answer=answer, errors=errors + answer_errors)
 
     def format_calls(self, calls: Sequence[ToolCall]) -> str:
-        # the text the chat template renders for an assistant message's `tool_calls`, with one difference: "</" in a
-        # JSON string is written "<\\/" (the same string to every JSON reader), so that an argument holding
-        # "</tool_call>" cannot end its block early; whatever this writes, `parse` reads back exactly
+        # the chat template's text for an assistant message's `tool_calls`, except that "</" in a JSON string becomes
+        # "<\\/" (the same string to JSON): "</tool_call>" in an argument cannot end its block; `parse` reads it back
         def js(x):
             return json.dumps(x, ensure_ascii=False).replace("</", "<\\/")  # "<" occurs in JSON only inside strings
         return "\n".join('<tool_call>\n{"name": ' + js(c.name) + ', "arguments": ' + js(c.arguments) + '}\n</tool_call>'

@@ -492,7 +492,7 @@ def prompt_budget(
     longest = max(len(initial_prompt_ids(tokenizer, r["prompt"], env.tool_schemas)) for r in rows)
     return -(-longest // multiple) * multiple
 
-
+# %% ../nbs/15_verl_cpu.ipynb #a3300598
 def cpu_run_config(
     cfg: SpeedrunConfig,  # the tiny speedrun's knobs: algorithm, batch, group, learning rate, turns, seed
     model_path: str | Path,  # the starting policy as a Hugging Face folder (the speedrun's sft_model)

@@ -104,23 +104,10 @@ class VerlRunConfig:
             raise ValueError(f"VerlRunConfig.{name}={getattr(self, name)!r}: {why}")
         if self.algorithm not in RECIPES:  # the built-in ALGORITHMS and any added by register_algorithm
             bad("algorithm", f"choose one of {list(RECIPES)}")
-        for name in (
-            "n_gpus_per_node",
-            "nnodes",
-            "train_batch_size",
-            "ppo_mini_batch_size",
-            "micro_batch_size_per_gpu",
-            "log_prob_micro_batch_size_per_gpu",
-            "max_prompt_length",
-            "max_response_length",
-            "max_turns",
-            "max_tool_response_chars",
-            "rollout_tp",
-            "total_epochs",
-            "save_freq",
-            "test_freq",
-            "keep_checkpoints",
-        ):
+        for name in ("n_gpus_per_node", "nnodes", "train_batch_size", "ppo_mini_batch_size", "micro_batch_size_per_gpu",
+                     "log_prob_micro_batch_size_per_gpu", "max_prompt_length", "max_response_length", "max_turns",
+                     "max_tool_response_chars", "rollout_tp", "total_epochs", "save_freq", "test_freq",
+                     "keep_checkpoints"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 bad(name, "must be a positive int")
@@ -145,16 +132,8 @@ class VerlRunConfig:
             bad("policy_loss", f"choose one of {sorted(POLICY_LOSSES)}")
         if self.loss_agg_mode not in AGG_MODES:
             bad("loss_agg_mode", f"choose one of {list(AGG_MODES)}")
-        for name in (
-            "model_path",
-            "train_files",
-            "val_files",
-            "checkpoint_dir",
-            "project_name",
-            "agent_loop_config_path",
-            "rollout_data_dir",
-            "episode_dir",
-        ):
+        for name in ("model_path", "train_files", "val_files", "checkpoint_dir", "project_name", "agent_loop_config_path",
+                     "rollout_data_dir", "episode_dir"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or not v or _HYDRA_UNSAFE.search(v)):
                 bad(name, "must be a non-empty string without spaces, commas, brackets, quotes or '=' "
@@ -222,7 +201,7 @@ def _core_overrides(run: VerlRunConfig) -> list[str]:
         ov.append(f"{rol}.agent.agent_loop_config_path={run.agent_loop_config_path}")
     return ov
 
-
+# %% ../nbs/14_verl_launch.ipynb #2d015941
 def _model_overrides(run: VerlRunConfig) -> list[str]:
     "The critic (on or off) and the attention kernel of every model section."
     ov, models = [], ["actor_rollout_ref.model"]
