@@ -343,3 +343,24 @@ def test_search_ranks_the_defining_chapter_first(site, server, browser):
     assert hrefs and hrefs[0].split("#")[0].endswith("masks.html"), hrefs[:5]
     assert not problems
     page.close()
+
+
+def test_long_outputs_fold_and_open(site, server, browser):
+    """A printed output taller than 40rem (a transcript, a table of episodes) shows folded with a button that opens it
+    whole and folds it again; report cards (Markdown outputs) and figures are never folded."""
+    page, problems = _open(browser, server + "envs.html")
+    folded = page.query_selector_all(".cell-output.output-folded")
+    assert folded, "the environments chapter's long transcripts are not folded"
+    out = folded[0]
+    short = out.bounding_box()["height"]
+    full = out.evaluate("o => o.scrollHeight")
+    assert short < full * 0.8, (short, full)
+    btn = out.evaluate_handle("o => o.nextElementSibling")
+    assert btn.evaluate("b => b.tagName") == "BUTTON" and "Show" in btn.evaluate("b => b.textContent")
+    btn.as_element().click()
+    assert abs(out.bounding_box()["height"] - full) < 2 and "Fold" in btn.evaluate("b => b.textContent")
+    btn.as_element().click()
+    assert out.bounding_box()["height"] < full * 0.8
+    assert not page.query_selector_all(".cell-output-markdown.output-folded, .output-folded img")
+    assert not problems
+    page.close()
