@@ -32,10 +32,10 @@ from .worlds import *  # the worlds, questions, search environments and experts 
 __all__ = ['TASKS', 'TOKENIZER_SPACES', 'RETRIEVERS', 'DRILL_KINDS', 'COPY_ENOUGH', 'STAGE_NAMES', 'RL_FIELDS', 'SpeedrunConfig',
            'parse_set_value', 'Suite', 'build_suite', 'expert_trajectories', 'build_tokenizer', 'longest_turn',
            'check_turn_budget', 'sft_loss', 'pretrain_batches', 'search_drill', 'arith_drill', 'collate_drills',
-           'drill_batches', 'copy_accuracy', 'copy_check_kinds', 'copy_signal', 'sft_batches', 'train_lm',
-           'episode_record', 'evaluate_agent', 'rl_trainer_config', 'rl_signal', 'run_speedrun', 'plot_run',
-           'em_timeline', 'plot_em_over_time', 'write_report', 'fork_after_sft', 'episode_html', 'trajectory_browser',
-           'fresh_world', 'ask']
+           'drill_batches', 'copy_accuracy', 'copy_check_kinds', 'copy_signal', 'sft_batches', 'episode_preambles',
+           'in_context', 'train_lm', 'episode_record', 'evaluate_agent', 'rl_trainer_config', 'rl_signal',
+           'run_speedrun', 'plot_run', 'em_timeline', 'plot_em_over_time', 'write_report', 'fork_after_sft',
+           'episode_html', 'trajectory_browser', 'fresh_world', 'ask']
 
 # %% ../nbs/11_speedrun.ipynb #cf99d7b3
 TASKS = ("search", "arith")
@@ -80,6 +80,7 @@ class SpeedrunConfig:
     drill_batch: int = 64
     drill_fresh: bool = False  # search drills on newly drawn worlds, so their names are never seen twice
     drill_kinds: tuple = (0, 1, 2)  # search drills: 0 query, 1 quoted sentence, 2 answer, 3 the object of a quote
+    drill_in_context: bool = False  # drills (and the copy check) after an episode's opening, where the agent copies
     sft_steps: int = 1300
     sft_batch: int = 16
     sft_lr: float = 3e-3
@@ -148,7 +149,7 @@ class SpeedrunConfig:
                              f"divide by num_kv_heads ({self.num_kv_heads})")
         if self.drill_lr is not None and not (isinstance(self.drill_lr, (int, float)) and self.drill_lr > 0):
             raise ValueError(f"drill_lr must be a positive number or None, got {self.drill_lr!r}")
-        for name in ("filter_groups", "bypass_mode", "think", "drill_fresh", "plan"):
+        for name in ("filter_groups", "bypass_mode", "think", "drill_fresh", "plan", "drill_in_context", "quote_names"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         for name in ("pretrain_steps", "drill_steps", "sft_steps", "rl_steps", "eval_every", "save_every",
@@ -464,6 +465,26 @@ def sft_batches(rows: Sequence[dict], pad_id: int, batch_size: int, rng: random.
     while True:
         yield collate([rows[i] for i in rng.choice(buckets)], pad_id)
 
+# %% ../nbs/11_speedrun.ipynb #2ebff41a
+def episode_preambles(trajectories: Sequence, tokenizer, n: int = 64, seed: int = 0) -> list[str]:
+    "How `n` of the episodes open (system prompt with the tool schema, the question, the assistant's header), as text."
+    if not trajectories:
+        raise ValueError("no trajectories: an episode's opening is read off a recorded episode")
+    picked = random.Random(seed).sample(list(trajectories), min(n, len(trajectories)))
+    return [tokenizer.decode(t.steps[0].obs_ids) for t in picked]
+
+
+def in_context(drill: Callable[[random.Random], tuple[str, str]], preambles: Sequence[str]):
+    "`drill` placed after a random episode opening: the copy is made as far in, and past as much text, as an agent's."
+    if not preambles:
+        raise ValueError("no preambles: give at least one episode opening (`episode_preambles`)")
+
+    def placed(rng: random.Random) -> tuple[str, str]:
+        ctx, target = drill(rng)
+        return rng.choice(preambles) + ctx, target
+    return placed
+
+
 # %% ../nbs/11_speedrun.ipynb #86a99c59
 def _save_state(path: Path, model, opt, sched, step: int, rng: random.Random, history: list):
     tmp = path.with_name(path.name + ".tmp")
@@ -659,20 +680,25 @@ def _data_stage(r: _Run):
 
 
 # %% ../nbs/11_speedrun.ipynb #c74b6a2d
-def _warm_ups(r: _Run, model):
+def _warm_ups(r: _Run, model, demos: Sequence = ()):
     "Optional language-model pre-training on the passages, then the copying drills (with the copy check)."
     cfg, tok = r.cfg, r.tok
+    drill, drill_check = r.suite.drill, r.suite.drill_check
+    if cfg.drill_in_context and drill is not None:  # each drill after the opening of one of the expert's episodes
+        opening = episode_preambles(demos, tok, seed=cfg.seed)
+        drill = in_context(drill, opening)
+        drill_check = drill_check and in_context(drill_check, opening)
     if cfg.pretrain_steps:
         train_lm(model, pretrain_batches(tok, r.suite.passages, cfg.pretrain_batch, random.Random(cfg.seed)),
                  cfg.pretrain_steps, cfg.drill_lr or cfg.sft_lr, "pretrain", r.dir, cfg.save_every, progress=r.progress,
                  rng=random.Random(cfg.seed))
-    if cfg.drill_steps and r.suite.drill is not None:
+    if cfg.drill_steps and drill is not None:
         check = None
-        if r.suite.drill_check is not None:  # copying, measured on held-out drills at the end of the drill
+        if drill_check is not None:  # copying, measured on held-out drills at the end of the drill
             rng = random.Random(cfg.seed + 3)
-            pairs = [r.suite.drill_check(rng) for _ in range(200)]
+            pairs = [drill_check(rng) for _ in range(200)]
             check = lambda: {"copy": copy_accuracy(model, tok, pairs)}
-        hist = train_lm(model, drill_batches(tok, r.suite.drill, cfg.drill_batch, random.Random(cfg.seed + 2)),
+        hist = train_lm(model, drill_batches(tok, drill, cfg.drill_batch, random.Random(cfg.seed + 2)),
                         cfg.drill_steps, cfg.drill_lr or cfg.sft_lr, "drill", r.dir, cfg.save_every, eval_fn=check,
                         progress=r.progress, rng=random.Random(cfg.seed + 2))
         if r.progress and (msg := copy_signal(hist)):
@@ -687,7 +713,7 @@ def _sft_stage(r: _Run):
     rows = [growing_layout(t) for t in demos]
     model = tiny_qwen2(tok, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers, seed=cfg.seed,
                        num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads)
-    _warm_ups(r, model)
+    _warm_ups(r, model, demos)
     sft_eval = lambda: {k: v for k, v in r.ev(model)[0].items() if k.startswith(("em/", "after_2_searches/"))}
     train_lm(model, sft_batches(rows, tok.pad_token_id, cfg.sft_batch, random.Random(cfg.seed + 1)), cfg.sft_steps,
              cfg.sft_lr, "sft", r.dir, cfg.save_every, eval_fn=sft_eval if cfg.eval_every else None,
