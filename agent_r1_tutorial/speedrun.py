@@ -80,7 +80,7 @@ class SpeedrunConfig:
     drill_batch: int = 64
     drill_fresh: bool = False  # search drills on newly drawn worlds, so their names are never seen twice
     drill_kinds: tuple = (0, 1, 2)  # search drills: 0 query, 1 quoted sentence, 2 answer, 3 the object of a quote
-    drill_in_context: bool = False  # drills (and the copy check) after an episode's opening, where the agent copies
+    context_drill_steps: int = 0  # then drills after an episode's opening, at sft_lr (section 4)
     sft_steps: int = 1300
     sft_batch: int = 16
     sft_lr: float = 3e-3
@@ -149,11 +149,11 @@ class SpeedrunConfig:
                              f"divide by num_kv_heads ({self.num_kv_heads})")
         if self.drill_lr is not None and not (isinstance(self.drill_lr, (int, float)) and self.drill_lr > 0):
             raise ValueError(f"drill_lr must be a positive number or None, got {self.drill_lr!r}")
-        for name in ("filter_groups", "bypass_mode", "think", "drill_fresh", "plan", "drill_in_context", "quote_names"):
+        for name in ("filter_groups", "bypass_mode", "think", "drill_fresh", "plan", "quote_names"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        for name in ("pretrain_steps", "drill_steps", "sft_steps", "rl_steps", "eval_every", "save_every",
-                     "rl_eval_every"):
+        for name in ("pretrain_steps", "drill_steps", "context_drill_steps", "sft_steps", "rl_steps", "eval_every",
+                     "save_every", "rl_eval_every"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"{name} must be a non-negative int, got {v!r}")
@@ -684,10 +684,6 @@ def _warm_ups(r: _Run, model, demos: Sequence = ()):
     "Optional language-model pre-training on the passages, then the copying drills (with the copy check)."
     cfg, tok = r.cfg, r.tok
     drill, drill_check = r.suite.drill, r.suite.drill_check
-    if cfg.drill_in_context and drill is not None:  # each drill after the opening of one of the expert's episodes
-        opening = episode_preambles(demos, tok, seed=cfg.seed)
-        drill = in_context(drill, opening)
-        drill_check = drill_check and in_context(drill_check, opening)
     if cfg.pretrain_steps:
         train_lm(model, pretrain_batches(tok, r.suite.passages, cfg.pretrain_batch, random.Random(cfg.seed)),
                  cfg.pretrain_steps, cfg.drill_lr or cfg.sft_lr, "pretrain", r.dir, cfg.save_every, progress=r.progress,
@@ -703,6 +699,16 @@ def _warm_ups(r: _Run, model, demos: Sequence = ()):
                         progress=r.progress, rng=random.Random(cfg.seed + 2))
         if r.progress and (msg := copy_signal(hist)):
             print(f"note: {msg}")
+    if cfg.context_drill_steps and drill is not None:  # the same drills, each after an expert episode's opening
+        opening = episode_preambles(demos, tok, seed=cfg.seed)
+        check = None
+        if drill_check is not None:
+            rng, placed = random.Random(cfg.seed + 3), in_context(drill_check, opening)
+            pairs = [placed(rng) for _ in range(200)]
+            check = lambda: {"copy": copy_accuracy(model, tok, pairs)}
+        train_lm(model, drill_batches(tok, in_context(drill, opening), cfg.drill_batch, random.Random(cfg.seed + 4)),
+                 cfg.context_drill_steps, cfg.sft_lr, "context_drill", r.dir, cfg.save_every,  # at SFT's gentler rate
+                 eval_fn=check, progress=r.progress, rng=random.Random(cfg.seed + 4))
 
 
 def _sft_stage(r: _Run):

@@ -95,6 +95,7 @@ def test_arith_expert_and_bad_problems(tok):
     ({"rl_hops": ()}, "rl_hops must be a non-empty selection"),
     ({"group_size": 0}, "group_size must be a positive int"),
     ({"hidden_size": 1.5}, "hidden_size must be a positive int"),
+    ({"context_drill_steps": -1}, "context_drill_steps must be a non-negative int"),
 ])
 def test_config_names_bad_values(kw, msg):
     with pytest.raises(ValueError, match=msg.replace("(", r"\(")):
@@ -104,6 +105,18 @@ def test_config_names_bad_values(kw, msg):
 def test_world_rejects_bad_sizes():
     with pytest.raises(ValueError, match="n_people must be a positive int"):
         make_world(random.Random(0), n_people=0)
+
+
+def test_context_drills_follow_the_drills_in_place(tmp_path):
+    "context_drill_steps: after the drills, the same drills after an episode's opening, with their copy check."
+    from agent_r1_tutorial.speedrun import run_speedrun
+
+    cfg = SpeedrunConfig.preset("ci", retriever="bm25", context_drill_steps=3, sft_steps=2)
+    run_speedrun(cfg, tmp_path, progress=False, stages=("data", "sft"))
+    drill = [json.loads(l) for l in (tmp_path / "drill.jsonl").read_text().splitlines()]
+    ctx = [json.loads(l) for l in (tmp_path / "context_drill.jsonl").read_text().splitlines()]
+    assert len(drill) == cfg.drill_steps and len(ctx) == 3 and 0 <= ctx[-1]["copy"] <= 1
+    assert ctx[-1]["lr"] <= cfg.sft_lr  # in place, at SFT's rate
 
 
 def test_report_from_a_run_folder(tmp_path):
