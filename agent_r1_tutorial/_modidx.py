@@ -586,6 +586,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                             'agent_r1_tutorial/speedrun.py'),
                                             'agent_r1_tutorial.speedrun._bootstrap_tokenizer': ( 'speedrun.html#_bootstrap_tokenizer',
                                                                                                  'agent_r1_tutorial/speedrun.py'),
+                                            'agent_r1_tutorial.speedrun._copy_check': ( 'speedrun.html#_copy_check',
+                                                                                        'agent_r1_tutorial/speedrun.py'),
                                             'agent_r1_tutorial.speedrun._data_stage': ( 'speedrun.html#_data_stage',
                                                                                         'agent_r1_tutorial/speedrun.py'),
                                             'agent_r1_tutorial.speedrun._done': ('speedrun.html#_done', 'agent_r1_tutorial/speedrun.py'),

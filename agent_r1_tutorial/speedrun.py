@@ -680,6 +680,15 @@ def _data_stage(r: _Run):
 
 
 # %% ../nbs/11_speedrun.ipynb #c74b6a2d
+def _copy_check(model, tok, drill_check: Callable | None, seed: int):
+    "Copying, measured on 200 held-out drills at the end of a drill round (None where the task has no such drills)."
+    if drill_check is None:
+        return None
+    rng = random.Random(seed + 3)
+    pairs = [drill_check(rng) for _ in range(200)]
+    return lambda: {"copy": copy_accuracy(model, tok, pairs)}
+
+
 def _warm_ups(r: _Run, model, demos: Sequence = ()):
     "Optional language-model pre-training on the passages, then the copying drills (with the copy check)."
     cfg, tok = r.cfg, r.tok
@@ -688,27 +697,21 @@ def _warm_ups(r: _Run, model, demos: Sequence = ()):
         train_lm(model, pretrain_batches(tok, r.suite.passages, cfg.pretrain_batch, random.Random(cfg.seed)),
                  cfg.pretrain_steps, cfg.drill_lr or cfg.sft_lr, "pretrain", r.dir, cfg.save_every, progress=r.progress,
                  rng=random.Random(cfg.seed))
-    if cfg.drill_steps and drill is not None:
-        check = None
-        if drill_check is not None:  # copying, measured on held-out drills at the end of the drill
-            rng = random.Random(cfg.seed + 3)
-            pairs = [drill_check(rng) for _ in range(200)]
-            check = lambda: {"copy": copy_accuracy(model, tok, pairs)}
+    if drill is None:
+        return
+    if cfg.drill_steps:
         hist = train_lm(model, drill_batches(tok, drill, cfg.drill_batch, random.Random(cfg.seed + 2)),
-                        cfg.drill_steps, cfg.drill_lr or cfg.sft_lr, "drill", r.dir, cfg.save_every, eval_fn=check,
-                        progress=r.progress, rng=random.Random(cfg.seed + 2))
+                        cfg.drill_steps, cfg.drill_lr or cfg.sft_lr, "drill", r.dir, cfg.save_every,
+                        eval_fn=_copy_check(model, tok, drill_check, cfg.seed), progress=r.progress,
+                        rng=random.Random(cfg.seed + 2))
         if r.progress and (msg := copy_signal(hist)):
             print(f"note: {msg}")
-    if cfg.context_drill_steps and drill is not None:  # the same drills, each after an expert episode's opening
+    if cfg.context_drill_steps:  # the same drills, each after an expert episode's opening, at SFT's gentler rate
         opening = episode_preambles(demos, tok, seed=cfg.seed)
-        check = None
-        if drill_check is not None:
-            rng, placed = random.Random(cfg.seed + 3), in_context(drill_check, opening)
-            pairs = [placed(rng) for _ in range(200)]
-            check = lambda: {"copy": copy_accuracy(model, tok, pairs)}
+        check = _copy_check(model, tok, drill_check and in_context(drill_check, opening), cfg.seed)
         train_lm(model, drill_batches(tok, in_context(drill, opening), cfg.drill_batch, random.Random(cfg.seed + 4)),
-                 cfg.context_drill_steps, cfg.sft_lr, "context_drill", r.dir, cfg.save_every,  # at SFT's gentler rate
-                 eval_fn=check, progress=r.progress, rng=random.Random(cfg.seed + 4))
+                 cfg.context_drill_steps, cfg.sft_lr, "context_drill", r.dir, cfg.save_every, eval_fn=check,
+                 progress=r.progress, rng=random.Random(cfg.seed + 4))
 
 
 def _sft_stage(r: _Run):

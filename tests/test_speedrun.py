@@ -115,7 +115,7 @@ def test_context_drills_follow_the_drills_in_place(tmp_path):
     run_speedrun(cfg, tmp_path, progress=False, stages=("data", "sft"))
     drill = [json.loads(l) for l in (tmp_path / "drill.jsonl").read_text().splitlines()]
     ctx = [json.loads(l) for l in (tmp_path / "context_drill.jsonl").read_text().splitlines()]
-    assert len(drill) == cfg.drill_steps and len(ctx) == 3 and 0 <= ctx[-1]["copy"] <= 1
+    assert len(drill) == cfg.drill_steps and len(ctx) == 3 and 0 <= ctx[-1]["copy"] <= 1 and "copy" in drill[-1]
     assert ctx[-1]["lr"] <= cfg.sft_lr  # in place, at SFT's rate
 
 
