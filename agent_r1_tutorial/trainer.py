@@ -85,6 +85,7 @@ class TrainerConfig:
     use_kl_in_reward: bool = False  # penalise the reward instead of adding a loss term
     value_clip: float = 0.2
     # --- advantages
+    layout: str = "auto"  # "auto" (the algorithm's), or "step": a critic-free estimator on one row per step (below)
     gamma: float = 1.0
     lam: float = 1.0
     norm_adv_by_std_in_grpo: bool = True  # False: Dr.GRPO's mean-only baseline
@@ -108,8 +109,9 @@ class TrainerConfig:
             v = getattr(self, name)
             if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
+        self._check_layout()
         rows = self.prompts_per_step * self.group_size
-        if self.mini_batch_size > rows and ALGORITHMS[self.algorithm][1] == "growing":
+        if self.mini_batch_size > rows and self.layout == "growing":
             raise ValueError(f"mini_batch_size ({self.mini_batch_size}) is larger than the batch: prompts_per_step "
                              f"x group_size = {rows} rows per step")
         if self.micro_batch_size > self.mini_batch_size:
@@ -132,13 +134,20 @@ class TrainerConfig:
                              f"or an entropy bonus (entropy_coef > 0); got algorithm={self.algorithm!r}, "
                              f"kl_coef={self.kl_coef}, entropy_coef={self.entropy_coef}")
 
+    def _check_layout(self):
+        "Resolve `layout=\"auto\"` to the algorithm's; refuse the pairs that have no meaning."
+        own = ALGORITHMS[self.algorithm][1]
+        if self.layout == "auto":
+            self.layout = own
+        if self.layout not in ("growing", "step"):
+            raise ValueError(f"layout must be 'auto', 'growing' or 'step', got {self.layout!r}")
+        if self.layout != own and self.estimator in ("gae", "step_gae"):
+            raise ValueError(f"{self.algorithm}'s {self.estimator} runs on {own} rows only; for a critic on one row per "
+                             "step use steppo, for one growing row per trajectory use ppo")
+
     @property
     def estimator(self) -> str:
         return ALGORITHMS[self.algorithm][0]
-
-    @property
-    def layout(self) -> str:
-        return ALGORITHMS[self.algorithm][1]
 
     @property
     def needs_critic(self) -> bool:
@@ -352,6 +361,20 @@ def _log_probs(self: Trainer, model, batch, R):
     finally:
         model.train(was)
 
+# %% ../nbs/10_trainer.ipynb #f1db137a
+def _per_trajectory(fn, kw: dict, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    "An outcome estimator on step rows: run it on each trajectory's summed scores, give each step its trajectory's value."
+    scores, mask = kw["token_level_rewards"], kw["response_mask"]
+    uids = list(batch["trajectory_uid"])
+    order = {u: i for i, u in enumerate(dict.fromkeys(uids))}  # trajectory -> its summary row
+    row_of = torch.tensor([order[u] for u in uids], device=scores.device)
+    totals = torch.zeros(len(order), device=scores.device, dtype=scores.dtype).index_add_(0, row_of, (scores * mask).sum(-1))
+    group = dict(zip(uids, batch["group"]))
+    one = {k: v for k, v in kw.items() if k not in ("trajectory_uids", "step_indices", "values")}
+    adv, ret = fn(**{**one, "token_level_rewards": totals[:, None], "response_mask": torch.ones_like(totals[:, None]),
+                     "index": np.array([group[u] for u in order], dtype=object)})
+    return adv[row_of, :1] * mask, ret[row_of, :1] * mask
+
 # %% ../nbs/10_trainer.ipynb #8056a5d4
 @patch
 def _advantages(self: Trainer, batch, scores, values):
@@ -368,7 +391,10 @@ def _advantages(self: Trainer, batch, scores, values):
     if "step_index" in batch:
         kw.update(trajectory_uids=np.array(batch["trajectory_uid"], dtype=object),
                   step_indices=batch["step_index"].cpu().numpy())
-    advantages, returns = fn(**kw)
+    if c.layout == "step" and c.estimator != "step_gae":  # an outcome estimator on step rows: one value per trajectory
+        advantages, returns = _per_trajectory(fn, kw, batch)
+    else:
+        advantages, returns = fn(**kw)
     check_finite("advantages", advantages, self.global_step, batch["response_mask"])
     return advantages, returns
 

@@ -23,10 +23,10 @@ from .rollout import AgentEnvLoop, ScriptedBackend, SamplingParams
 from .rewards import exact_match, numbers_match
 
 # %% auto #0
-__all__ = ['ORG_SUFFIXES', 'ONE_HOP', 'TWO_HOP', 'World', 'make_world', 'make_questions', 'Split', 'make_split', 'CachedEncoder',
-           'NoSearch', 'search_reward', 'WorldSearchTool', 'WorldSearch', 'parse_question', 'quote_name', 'search_call',
-           'stops_early', 'search_expert', 'play', 'arith_problem', 'make_arith_tasks', 'arith_reward', 'arith_env',
-           'arith_expert']
+__all__ = ['ORG_SUFFIXES', 'ONE_HOP', 'TWO_HOP', 'RELATION_PHRASES', 'World', 'make_world', 'make_questions', 'Split',
+           'make_split', 'CachedEncoder', 'NoSearch', 'search_reward', 'WorldSearchTool', 'WorldSearch', 'plan_text',
+           'parse_question', 'quote_name', 'search_call', 'stops_early', 'search_expert', 'play', 'arith_problem',
+           'make_arith_tasks', 'arith_reward', 'arith_env', 'arith_expert']
 
 # %% ../nbs/10a_worlds.ipynb #42b22e8f
 _CONSONANTS, _VOWELS = "bdfgklmnprstvz", "aeiou"
@@ -309,6 +309,14 @@ _QUESTION_RES = [(re.compile("^" + re.escape(t).replace(re.escape("{x}"), q + "(
                  for t, (_, path) in sorted({**TWO_HOP, **ONE_HOP}.items(), key=lambda kv: -len(kv[0]))]
 _RELATION_RES = {"born_in": "{e} was born in ([^.]+)\\.", "works_for": "{e} works for ([^.]+)\\.",
                  "based_in": "{e} is based in ([^.]+)\\.", "led_by": "{e} is led by ([^.]+)\\."}
+RELATION_PHRASES = {"born_in": "was born in", "works_for": "works for", "based_in": "is based in", "led_by": "is led by"}
+
+
+def plan_text(path: Sequence[str]) -> str:
+    "The plan of a question with relation path `path`: the number of searches, then each search's relation as the passage words it."
+    return f"{len(path)} hop{'s' if len(path) > 1 else ''}: " + ", ".join(RELATION_PHRASES[r] for r in path)
+
+
 _CONTEXT_USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
 _CONTEXT_RESULTS = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.S)
 
@@ -349,7 +357,7 @@ def search_expert(
     think: bool = True,  # quote the sentence it read in <think>
     stop_early: float = 0.0,  # the share of two-hop questions it answers after one search, with the bridge entity
     salt: int = 0,  # which two-hop questions those are
-    plan: bool = False,  # say the searches the question needs (<think>2 hops</think>) and count them in each quote
+    plan: bool = False,  # say the searches and relations first (<think>2 hops: works for, is based in</think>); count
 ) -> str:
     "The scripted expert: the next response, given the rendered context so far."
     users = _CONTEXT_USER.findall(context)
@@ -357,8 +365,9 @@ def search_expert(
     if entity is None:
         return "<answer>unknown</answer>"
     results = _CONTEXT_RESULTS.findall(context)
-    # the plan is the question's number of hops, also where a flawed expert then quits early: it knew, and stopped
-    intro = f"<think>{len(path)} hop{'s' if len(path) > 1 else ''}</think>\n" if plan and not results else ""
+    # the plan: how many searches and which relation each one reads, written where the question is, so that each quote
+    # can copy its relation from the plan; a flawed expert plans the same and still quits early: it knew, and stopped
+    intro = f"<think>{plan_text(path)}</think>\n" if plan and not results else ""
     if stops_early(users[0], stop_early, salt):
         path = path[:1]  # a weaker demonstrator: it takes the first name it finds for the answer
     quote = ""
