@@ -314,6 +314,9 @@ class ParamTableRenderer:
             from fastcore.docments import MarkdownRenderer as Base
         self.base = Base(sym, name=name, title_level=title_level)
 
+    def __repr__(self) -> str:  # the plain-text view (a terminal, a notebook's text fallback): nbdev's signature
+        return repr(self.base)
+
     def import_line(self) -> str | None:
         "Where the name comes from, as the line that imports it (None for names outside this package, or private)."
         mod = getattr(self.base.sym, "__module__", None) or ""

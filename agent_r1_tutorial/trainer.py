@@ -363,12 +363,13 @@ def _log_probs(self: Trainer, model, batch, R):
 
 # %% ../nbs/10_trainer.ipynb #f1db137a
 def _per_trajectory(fn, kw: dict, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    "An outcome estimator on step rows: run it on each trajectory's summed scores, give each step its trajectory's value."
+    "An outcome estimator on step rows: run it on each trajectory's summed scores; each step gets its trajectory's."
     scores, mask = kw["token_level_rewards"], kw["response_mask"]
     uids = list(batch["trajectory_uid"])
     order = {u: i for i, u in enumerate(dict.fromkeys(uids))}  # trajectory -> its summary row
     row_of = torch.tensor([order[u] for u in uids], device=scores.device)
-    totals = torch.zeros(len(order), device=scores.device, dtype=scores.dtype).index_add_(0, row_of, (scores * mask).sum(-1))
+    totals = torch.zeros(len(order), device=scores.device, dtype=scores.dtype)
+    totals = totals.index_add_(0, row_of, (scores * mask).sum(-1))
     group = dict(zip(uids, batch["group"]))
     one = {k: v for k, v in kw.items() if k not in ("trajectory_uids", "step_indices", "values")}
     adv, ret = fn(**{**one, "token_level_rewards": totals[:, None], "response_mask": torch.ones_like(totals[:, None]),

@@ -139,7 +139,8 @@ def make_questions(
         chain = [x]
         for rel in path:
             chain.append(getattr(world, rel)[chain[-1]])
-        out.append({"question": tpl.format(x=f'"{x}"' if quote else x), "answer": chain[-1], "hops": hops, "world": world_id, "chain": chain})
+        out.append({"question": tpl.format(x=f'"{x}"' if quote else x), "answer": chain[-1], "hops": hops,
+                    "world": world_id, "chain": chain})
     return out
 
 
@@ -313,7 +314,7 @@ RELATION_PHRASES = {"born_in": "was born in", "works_for": "works for", "based_i
 
 
 def plan_text(path: Sequence[str]) -> str:
-    "The plan of a question with relation path `path`: the number of searches, then each search's relation as the passage words it."
+    "The plan of a question with relation path `path`: how many searches, then each one's relation in passage words."
     return f"{len(path)} hop{'s' if len(path) > 1 else ''}: " + ", ".join(RELATION_PHRASES[r] for r in path)
 
 
