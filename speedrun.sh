@@ -26,6 +26,7 @@ for a in "$@"; do
 done
 scale=$("$py" "$AR1_ROOT/scripts/speedrun.py" --print-scale "$@") || exit $?
 needs_verl=$("$py" "$AR1_ROOT/scripts/speedrun.py" --print-needs-verl "$@") || exit $?
+needs_games=$("$py" "$AR1_ROOT/scripts/speedrun.py" --print-needs-games "$@") || exit $?
 
 dry=0
 for a in "$@"; do
@@ -36,7 +37,7 @@ done
 # (.venv-gpu, separate from .venv), then the pipeline inside it.
 if [ "$scale" = full ] && [ "$dry" = 0 ]; then
   "$py" "$AR1_ROOT/scripts/speedrun.py" --preflight-only "$@" || exit 1
-  bash "$AR1_ROOT/scripts/setup_gpu.sh"
+  AR1_GPU_GAMES=$needs_games bash "$AR1_ROOT/scripts/setup_gpu.sh"
   cd "$AR1_ROOT"
   exec "${AR1_GPU_VENV:-$AR1_ROOT/.venv-gpu}/bin/python" scripts/speedrun.py "$@"
 fi
@@ -49,6 +50,11 @@ if [ "$needs_verl" = yes ] && ! "$AR1_VENV/bin/python" -c 'import importlib.util
   ar1_say "installing verl's CPU build (agent_r1_tutorial[verl]) into $AR1_VENV; the log is $AR1_VENV/setup.log"
   "$AR1_VENV/bin/python" -m pip install --progress-bar off -e "$AR1_ROOT[verl]" >>"$AR1_VENV/setup.log" 2>&1 ||
     { tail -n 20 "$AR1_VENV/setup.log" >&2; ar1_die "installing verl failed; see $AR1_VENV/setup.log"; }
+fi
+if [ "$needs_games" = yes ] && ! "$AR1_VENV/bin/python" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("alfworld") is None)'; then
+  ar1_say "installing the text-game packages (agent_r1_tutorial[games]: TextWorld, ALFWorld) into $AR1_VENV"
+  "$AR1_VENV/bin/python" -m pip install --progress-bar off -e "$AR1_ROOT[games]" >>"$AR1_VENV/setup.log" 2>&1 ||
+    { tail -n 20 "$AR1_VENV/setup.log" >&2; ar1_die "installing the text-game packages failed; see $AR1_VENV/setup.log"; }
 fi
 cd "$AR1_ROOT"
 exec "$AR1_VENV/bin/python" scripts/speedrun.py "$@"

@@ -93,19 +93,25 @@ def env_from_row(
         # parquet gives every row of a file the same struct fields, filling the missing ones with None
         tools.append({"name": t, **{k: v for k, v in create.items() if v is not None}})
     env_kwargs = {k: v for k, v in env_kwargs.items() if v is not None}
+    if name == "textgame":  # a text game (chapter 10b): its turns are commands, and it has no tool outputs to cut
+        import agent_r1_tutorial.textgames  # registers TextGameEnv  # noqa: F401
+        turns_key, max_tool_response_chars = "max_steps", None
+    else:
+        turns_key = "max_turns"
     if max_turns is not None:
-        env_kwargs["max_turns"] = min(int(env_kwargs.get("max_turns", max_turns)), int(max_turns))
+        env_kwargs[turns_key] = min(int(env_kwargs.get(turns_key, max_turns)), int(max_turns))
     if max_tool_response_chars is not None:
         env_kwargs.setdefault("max_tool_response_chars", int(max_tool_response_chars))
     if "context_policy" in env_kwargs:
         env_kwargs["context_policy"] = _context_policy(env_kwargs["context_policy"])
+    if tokenizer is not None and env_kwargs.get("max_tokens") is not None and name in ("tool", "textgame"):
+        env_kwargs.setdefault("tokenizer", tokenizer)  # the budget counts the tokens the model will read
     if name == "tool":
-        if tokenizer is not None and env_kwargs.get("max_tokens") is not None:
-            env_kwargs.setdefault("tokenizer", tokenizer)
         env = make_env(name, tools=tools, **env_kwargs)
     else:
         env = make_env(name, **({"tools": tools} if tools else {}), **env_kwargs)
-    return env, {"prompt": [dict(m) for m in messages]}
+    reset = extra.get("reset_kwargs")  # a game names its file here; a tool task's reset takes the prompt
+    return env, (dict(reset) if isinstance(reset, dict) else {"prompt": [dict(m) for m in messages]})
 
 # %% ../nbs/12_verl.ipynb #cbd4d2dc
 import uuid

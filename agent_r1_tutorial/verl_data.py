@@ -18,10 +18,11 @@ import numpy as np
 from .verl_bridge import AGENT_NAME
 
 # %% auto #0
-__all__ = ['HOTPOTQA_URLS', 'GSM8K_URLS', 'BEIR_HOTPOTQA_URL', 'HOTPOTQA_PROMPT', 'GSM8K_PROMPT', 'download', 'seeded_sample',
-           'check_row', 'hotpotqa_rows', 'gsm8k_answer', 'gsm8k_rows', 'hotpotqa_toy_sample', 'gsm8k_toy_sample',
-           'write_rows', 'read_rows', 'download_hotpotqa', 'download_gsm8k', 'load_hotpotqa', 'prepare_hotpotqa',
-           'prepare_gsm8k', 'beir_corpus', 'hotpotqa_passages', 'build_corpus_index']
+__all__ = ['HOTPOTQA_URLS', 'GSM8K_URLS', 'BEIR_HOTPOTQA_URL', 'HOTPOTQA_PROMPT', 'GSM8K_PROMPT', 'ALFWORLD_URL',
+           'ALFWORLD_PROMPT', 'download', 'seeded_sample', 'check_row', 'hotpotqa_rows', 'gsm8k_answer', 'gsm8k_rows',
+           'hotpotqa_toy_sample', 'gsm8k_toy_sample', 'write_rows', 'read_rows', 'download_hotpotqa', 'download_gsm8k',
+           'load_hotpotqa', 'prepare_hotpotqa', 'prepare_gsm8k', 'download_alfworld', 'alfworld_rows',
+           'prepare_alfworld', 'beir_corpus', 'hotpotqa_passages', 'build_corpus_index']
 
 # %% ../nbs/13_verl_data.ipynb #d0a36205
 HOTPOTQA_URLS = {  # the official distribution (CMU); train is about 540 MB, dev (distractor) about 45 MB
@@ -123,10 +124,12 @@ def check_row(
     for key, typ in _EXTRA_KEYS.items():
         if key not in row["extra_info"]:
             raise ValueError(f"row['extra_info'] has no {key!r}")
+        if key == "tools_kwargs" and row["extra_info"][key] is None and not row["extra_info"]["need_tools_kwargs"]:
+            continue  # a task without tools (a game): None, since parquet cannot store an empty struct
         if not isinstance(row["extra_info"][key], typ) or (typ is int and isinstance(row["extra_info"][key], bool)):
             raise TypeError(f"row['extra_info'][{key!r}] must be a {typ.__name__}, "
                             f"got {type(row['extra_info'][key]).__name__}")
-    for tool, kw in row["extra_info"]["tools_kwargs"].items():
+    for tool, kw in (row["extra_info"]["tools_kwargs"] or {}).items():
         if not isinstance(kw, dict) or not isinstance(kw.get("create_kwargs"), dict):
             raise ValueError(f"tools_kwargs[{tool!r}] must be {{'create_kwargs': {{...}}}} (verl's convention)")
     return row
@@ -136,7 +139,8 @@ def _row(data_source, ability, content, ground_truth, split, index, question, to
     return check_row({
         "data_source": data_source, "prompt": [{"role": "user", "content": content}], "ability": ability,
         "reward_model": {"style": "rule", "ground_truth": ground_truth}, "agent_name": AGENT_NAME,
-        "extra_info": {"split": split, "index": index, "question": question, "need_tools_kwargs": True,
+        "extra_info": {"split": split, "index": index, "question": question,
+                       "need_tools_kwargs": tools_kwargs is not None,
                        "tools_kwargs": tools_kwargs, "env_kwargs": env_kwargs, **extra}})
 
 # %% ../nbs/13_verl_data.ipynb #29a7888e
@@ -351,6 +355,71 @@ def prepare_gsm8k(
     return _prepare(out_dir, gsm8k_rows(train_records, "train", n_train, seed, **row_kwargs),
                     gsm8k_rows(test_records, "test", n_val, seed + 1, **row_kwargs),
                     {"task": "gsm8k", "source": source, "seed": seed})
+
+# %% ../nbs/13_verl_data.ipynb #6d2cb8de
+ALFWORLD_URL = "https://github.com/alfworld/alfworld/releases/download/0.4.0/json_2.1.2_tw-pddl.zip"  # ~120 MB
+ALFWORLD_PROMPT = "Play the ALFWorld game: {task_type}. The game describes the room and your task."
+
+
+def download_alfworld(
+    raw_dir: str | Path,  # where the archive goes and is unpacked (json_2.1.1/<split>/<task>/<trial>/game.tw-pddl)
+    progress: bool = True,
+) -> Path:  # the unpacked json_2.1.1 folder
+    "Download ALFWorld's game files once and unpack them."
+    import zipfile
+
+    raw_dir = Path(raw_dir)
+    root = raw_dir / "json_2.1.1"
+    if root.is_dir() and any(root.iterdir()):
+        return root
+    archive = download(ALFWORLD_URL, raw_dir / Path(ALFWORLD_URL).name, progress)
+    with zipfile.ZipFile(archive) as z:
+        z.extractall(raw_dir)
+    if not root.is_dir():
+        raise RuntimeError(f"{archive} did not hold a json_2.1.1 folder: is it ALFWorld's game archive?")
+    return root
+
+
+def alfworld_rows(
+    tasks: Sequence[dict],  # from textgames.alfworld_games: game (a .tw-pddl path) and task_type
+    split: str,  # "train" or "validation"
+    n: int | None = None,  # how many to sample; None: all
+    seed: int = 0,
+    max_steps: int = 50,  # commands per game (ALFWorld's standard budget)
+    max_tokens: int = 3072,  # the context budget the trimming policy keeps to (tokens, counted with the chat template)
+    keep_last: int = 2,  # observations kept whole when the context is over budget
+) -> list[dict]:  # verl rows
+    "verl parquet rows for ALFWorld games: the environment, its budget and context policy, and the game to load."
+    rows = []
+    for i, j in enumerate(seeded_sample(len(tasks), n, seed)):
+        t = tasks[j]
+        if not isinstance(t.get("game"), str) or not t["game"].endswith(".tw-pddl"):
+            raise ValueError(f"task {j} needs 'game', the path of an ALFWorld .tw-pddl file, got {t.get('game')!r}")
+        kind = str(t.get("task_type", "unknown"))
+        env = {"env": "textgame", "start": "alfworld", "max_steps": max_steps, "show_admissible": True,
+               "max_tokens": max_tokens, "context_policy": {"name": "trim", "keep_last": keep_last}}
+        rows.append(_row("alfworld", "embodied", ALFWORLD_PROMPT.format(task_type=kind.replace("_", " ")), "won",
+                         split, i, kind, None, env, fmt="action", metric="win", reset_kwargs={"game": t["game"]},
+                         task_type=kind))
+    return rows
+
+
+def prepare_alfworld(
+    out_dir: str | Path,  # where train.parquet, validation.parquet and manifest.json go
+    root: str | Path,  # the unpacked json_2.1.1 folder (download_alfworld)
+    n_train: int | None = None,  # None: every solvable training game (about 3,500)
+    n_val: int | None = 140,  # valid_seen has 140 games
+    seed: int = 0,
+    val_split: str = "valid_seen",  # or "valid_unseen" (134 games)
+    **row_kwargs,  # passed to alfworld_rows (max_steps, max_tokens, keep_last)
+) -> dict[str, Path]:  # {"train": path, "validation": path}
+    "Write ALFWorld's training and validation parquet files from its game files."
+    from agent_r1_tutorial.textgames import alfworld_games
+
+    root = Path(root)
+    return _prepare(out_dir, alfworld_rows(alfworld_games(root / "train"), "train", n_train, seed, **row_kwargs),
+                    alfworld_rows(alfworld_games(root / val_split), "validation", n_val, seed + 1, **row_kwargs),
+                    {"task": "alfworld", "source": str(root), "validation_split": val_split, "seed": seed})
 
 # %% ../nbs/13_verl_data.ipynb #eabe094b
 def beir_corpus(

@@ -24,10 +24,10 @@ from .verl_bridge import (AGENT_NAME, EXTERNAL_MODULES_ENV, LAYOUTS, MODULE_NAME
                                            register_with_verl, verl_name)
 
 # %% auto #0
-__all__ = ['ALGORITHMS', 'RECIPES', 'Recipe', 'VerlRunConfig', 'verl_overrides', 'verl_config_dir', 'compose_verl_config',
-           'validate_verl_config', 'launch_commands', 'write_launch_script', 'read_verl_metrics',
-           'latest_verl_checkpoint', 'make_verl_agent_loop', 'verl_sampling_params', 'verl_postprocess',
-           'agent_loop_dry_run']
+__all__ = ['ALGORITHMS', 'RECIPES', 'TASK_RUNS', 'Recipe', 'VerlRunConfig', 'task_run_config', 'verl_overrides',
+           'verl_config_dir', 'compose_verl_config', 'validate_verl_config', 'launch_commands', 'write_launch_script',
+           'read_verl_metrics', 'latest_verl_checkpoint', 'make_verl_agent_loop', 'verl_sampling_params',
+           'verl_postprocess', 'agent_loop_dry_run']
 
 # %% ../nbs/14_verl_launch.ipynb #fda06af4
 ALGORITHMS = tuple(TRAINER_ALGORITHMS)  # the reference trainer's names: one algorithm, one name, at both scales
@@ -132,7 +132,8 @@ class VerlRunConfig:
             bad("policy_loss", f"choose one of {sorted(POLICY_LOSSES)}")
         if self.loss_agg_mode not in AGG_MODES:
             bad("loss_agg_mode", f"choose one of {list(AGG_MODES)}")
-        for name in ("model_path", "train_files", "val_files", "checkpoint_dir", "project_name", "agent_loop_config_path",
+        for name in ("model_path", "train_files", "val_files", "checkpoint_dir", "project_name",
+                     "agent_loop_config_path",
                      "rollout_data_dir", "episode_dir"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or not v or _HYDRA_UNSAFE.search(v)):
@@ -152,6 +153,26 @@ class VerlRunConfig:
     @property
     def responses_per_prompt(self) -> int:
         return self.recipe.n if self.n is None else self.n
+
+# %% ../nbs/14_verl_launch.ipynb #370cb153
+TASK_RUNS = {  # the task's settings of VerlRunConfig; anything given to task_run_config wins
+    "hotpotqa": {},
+    "alfworld": dict(model_path="Qwen/Qwen3-4B-Instruct-2507", train_files="data/alfworld/train.parquet",
+                     val_files="data/alfworld/validation.parquet", train_batch_size=32, ppo_mini_batch_size=16,
+                     max_prompt_length=4096, max_response_length=3072, max_turns=50, test_freq=5),
+}
+
+
+def task_run_config(
+    task: str = "hotpotqa",  # one of TASK_RUNS
+    algorithm: str = "grpo",
+    **knobs,  # any other VerlRunConfig field
+) -> VerlRunConfig:
+    "A full-scale run's knobs for a task: the task's settings, then `knobs`; the experiment is named <task>-<algorithm>."
+    if task not in TASK_RUNS:
+        raise ValueError(f"unknown task {task!r}; choose one of {list(TASK_RUNS)}")
+    return VerlRunConfig(**{**TASK_RUNS[task], "algorithm": algorithm, "experiment_name": f"{task}-{algorithm}",
+                            **knobs})
 
 # %% ../nbs/14_verl_launch.ipynb #57dacb83
 def _core_overrides(run: VerlRunConfig) -> list[str]:

@@ -64,7 +64,8 @@ log=$venv/setup.log
 # 3. Packages, skipped when the pins, pyproject.toml and the pin set are as at the last set-up.
 key=$( { cat "$req" "$con" "$AR1_ROOT/pyproject.toml"; echo "$pins"; } | sha256sum | cut -c1-16)
 stamp=$venv/.ar1-setup-gpu
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$key" ]; then
+games_ok() { [ "${AR1_GPU_GAMES:-no}" != yes ] || "$py" -c 'import alfworld, textworld' >/dev/null 2>&1; }
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$key" ] && games_ok; then
   ar1_say "the $pins GPU stack in $venv is current (set-up skipped)"
   exit 0
 fi
@@ -83,6 +84,11 @@ pip_install --prefer-binary -r "$req" -c "$con"
 # which would shadow faiss-gpu (both provide the module `faiss`)
 ar1_say "installing agent_r1_tutorial (editable, without faiss-cpu)"
 pip_install --no-deps -e "$AR1_ROOT"
+# ALFWorld runs (speedrun.sh --task alfworld) also need the text-game engine: TextWorld with its PDDL planner, ALFWorld
+if [ "${AR1_GPU_GAMES:-no}" = yes ]; then
+  ar1_say "installing TextWorld and ALFWorld (the alfworld task)"
+  pip_install "textworld[pddl]>=1.6.1" "alfworld>=0.4.2" -c "$con"
+fi
 if ! "$py" -m pip check >>"$log" 2>&1; then
   if grep -v -i "faiss-cpu" <(tail -n 50 "$log" | grep -i "requires\|has requirement") | grep -q .; then
     tail -n 15 "$log" >&2

@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # names; tests/test_cli.py checks that these equal trainer.ALGORITHMS and verl_launch.ALGORITHMS
 ALGORITHMS = ("grpo", "ppo", "reinforce_pp", "rloo", "steppo")
 SCALES = ("auto", "tiny", "full")
-TASKS = ("search", "arith")
+TASKS = ("search", "arith", "alfworld")
+TINY_TASKS, FULL_TASKS = ("search", "arith"), ("search", "alfworld")
 RETRIEVERS = ("dense", "bm25")
 PRESETS = ("tiny", "ci")
 ENGINES = ("reference", "verl")
@@ -37,10 +38,12 @@ STAGES = {
     "full": [
         ("preflight", "GPU count and memory, CUDA driver, disk, Python", "14 · verl launch and dry run"),
         ("env", "the pinned GPU stack (verl 0.9.1, vLLM, faiss-gpu)", "14 · verl launch and dry run"),
-        ("data", "HotpotQA download and verl parquet rows", "13 · verl data and index"),
-        ("index", "bge-large-en-v1.5 embeddings and a FAISS index of the corpus", "13 · verl data and index"),
+        ("data", "the task's data as verl parquet rows (HotpotQA, or ALFWorld's games)", "13 · verl data and index"),
+        ("index", "bge-large-en-v1.5 embeddings and a FAISS index of the corpus (HotpotQA only)",
+         "13 · verl data and index"),
         ("train", "verl training with this package's agent loop, estimators and losses", "14 · verl launch and dry run"),
-        ("eval", "exact match on the HotpotQA dev sample (verl's last validation)", "14 · verl launch and dry run"),
+        ("eval", "verl's last validation: EM on HotpotQA's dev sample, or ALFWorld's unseen-room success rate",
+         "14 · verl launch and dry run"),
     ],
 }
 BUILT: dict[str, object] = {}  # stage key "scale/name" -> callable(run_dir, args); filled in as chapters land
@@ -65,11 +68,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", default=str(ROOT / "runs"), help="where run folders go (default runs/)")
     ap.add_argument("--print-scale", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--print-needs-verl", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--print-needs-games", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--preflight-only", action="store_true", help=argparse.SUPPRESS)
     tiny = ap.add_argument_group("tiny scale (the CPU speedrun); defaults as in agent_r1_tutorial.speedrun")
-    tiny.add_argument("--task", choices=TASKS, default="search",
-                      help="search: questions about generated worlds, one and two hops (default); arith: word "
-                      "problems with a calculator")
+    ap.add_argument("--task", choices=TASKS, default="search",
+                    help="search (default): questions about generated worlds on a CPU, HotpotQA on a GPU box; arith: "
+                    "word problems with a calculator (CPU); alfworld: ALFWorld's household games (GPU box)")
     tiny.add_argument("--retriever", choices=RETRIEVERS, default="dense",
                       help="dense: FAISS over all-MiniLM-L6-v2 embeddings (default); bm25")
     tiny.add_argument("--preset", choices=PRESETS, default="tiny",
@@ -135,12 +139,22 @@ def resolve(args, ap) -> str:
     gpus = nvidia_gpus()
     # auto: the full pipeline where there are GPUs, and its dry run anywhere (the dry run exists for machines without)
     scale = args.scale if args.scale != "auto" else ("full" if (gpus or args.dry_run) and args.engine != "verl" else "tiny")
+    if scale == "full" and args.task not in FULL_TASKS:
+        ap.error(f"--task {args.task} is a CPU task; at full scale the tasks are {', '.join(FULL_TASKS)}")
+    if scale == "tiny" and args.task not in TINY_TASKS:
+        ap.error(f"--task {args.task} runs at full scale (verl on a GPU box; add --dry-run to check it without one); "
+                 f"on a CPU the tasks are {', '.join(TINY_TASKS)}")
     if scale == "full" and args.engine == "verl":
         ap.error("--engine verl is the tiny scale's option (verl on this CPU); the full scale always runs verl")
     if scale == "full" and not gpus and not args.dry_run:
         ap.error("--scale full needs NVIDIA GPUs and nvidia-smi found none; use --dry-run to check the full "
                  "pipeline without GPUs, or --scale tiny for the CPU speedrun")
     return scale
+
+
+def _task_tag(args) -> str:
+    "The full run folder's task part: none for HotpotQA (the folders it always had), 'alfworld-' for ALFWorld."
+    return "" if args.task == "search" else f"{args.task}-"
 
 
 def run(args, scale: str) -> int:
@@ -154,16 +168,16 @@ def run(args, scale: str) -> int:
         run_dir = tiny_run_dir(args)
         run_dir.mkdir(parents=True, exist_ok=True)
     elif args.dry_run:  # a dry run keeps every attempt
-        run_dir = Path(args.out) / f"{stamp}-{scale}-{args.algorithm}-s{args.seed}-dry"
+        run_dir = Path(args.out) / f"{stamp}-{scale}-{_task_tag(args)}{args.algorithm}-s{args.seed}-dry"
         run_dir.mkdir(parents=True, exist_ok=False)
     else:  # one folder per algorithm and seed: started again, verl resumes from its last checkpoint there
-        run_dir = Path(args.out) / f"{scale}-{args.algorithm}-s{args.seed}"
+        run_dir = Path(args.out) / f"{scale}-{_task_tag(args)}{args.algorithm}-s{args.seed}"
         if (run_dir / "checkpoints" / "latest_checkpointed_iteration.txt").exists():
             print(f"resuming the run in {run_dir} from its last checkpoint")
         run_dir.mkdir(parents=True, exist_ok=True)
     report = env_report()
     (run_dir / "env.json").write_text(json.dumps(report, indent=1))
-    print(f"speedrun: scale={scale} algorithm={args.algorithm} seed={args.seed}"
+    print(f"speedrun: scale={scale} task={args.task} algorithm={args.algorithm} seed={args.seed}"
           f"{' (dry run)' if args.dry_run else ''}\nrun folder: {run_dir}")
     rows, missing = [], []
     for name, what, chapter in STAGES[scale]:
@@ -361,6 +375,8 @@ def full_data(run_dir, args) -> str:
     from agent_r1_tutorial import verl_data as vd
 
     out = Path(run_dir) / "data"
+    if args.task == "alfworld":
+        return alfworld_data(run_dir, args, out)
     if args.dry_run:
         train, dev = vd.hotpotqa_toy_sample(64, seed=0), vd.hotpotqa_toy_sample(16, seed=1)
         source = "local sample in HotpotQA's format (no download in a dry run)"
@@ -376,9 +392,34 @@ def full_data(run_dir, args) -> str:
     return "done (sample)" if args.dry_run else "done"
 
 
+def alfworld_data(run_dir, args, out: Path) -> str:
+    "ALFWorld's game files, downloaded once, as verl rows (in the dry run: a game in their format, built locally)."
+    from agent_r1_tutorial import verl_data as vd
+
+    if args.dry_run:
+        from agent_r1_tutorial.textgames import write_alfworld_fixture
+
+        root = Path(run_dir) / "alfworld-sample" / "json_2.1.1"
+        for split in ("train", "valid_seen"):
+            write_alfworld_fixture(root / split)
+        source = "one game in ALFWorld's format, built from its domain and grammar (no download in a dry run)"
+        paths = vd.prepare_alfworld(out, root, n_train=args.n_train, n_val=args.n_val, seed=args.seed)
+    else:
+        root = vd.download_alfworld(Path(args.data_dir) / "raw" / "alfworld")
+        source = f"ALFWorld's game files ({root})"
+        paths = vd.prepare_alfworld(out, root, n_train=args.n_train, n_val=args.n_val or 140, seed=args.seed)
+    n = json.loads((paths["train"].parent / "manifest.json").read_text())
+    _say(f"{n['n_train']} training and {n['n_validation']} validation games from {source}: {paths['train'].parent}")
+    return "done (sample)" if args.dry_run else "done"
+
+
 def full_index(run_dir, args) -> str:
     "The retrieval index: BEIR's HotpotQA corpus with bge-large on the GPU (cached); MiniLM on a few passages when dry."
     from agent_r1_tutorial import verl_data as vd
+
+    if args.task == "alfworld":
+        _say("ALFWorld needs no retrieval index")
+        return "not needed"
 
     out = _index_dir(run_dir, args)
     if args.dry_run:
@@ -398,7 +439,7 @@ def _run_config(run_dir, args):
     from agent_r1_tutorial import verl_launch as vl
 
     data = Path(run_dir) / "data"
-    knobs = dict(algorithm=args.algorithm, train_files=str(data / "train.parquet"), logger=("console", "file"),
+    knobs = dict(train_files=str(data / "train.parquet"), logger=("console", "file"),
                  rollout_data_dir=str(Path(run_dir) / "rollouts"),
                  val_files=str(data / "validation.parquet"), checkpoint_dir=str(Path(run_dir) / "checkpoints"),
                  seed=args.seed, experiment_name=Path(run_dir).name, extra_overrides=tuple(args.override))
@@ -408,7 +449,7 @@ def _run_config(run_dir, args):
         if getattr(args, opt) is not None:
             knobs[key] = getattr(args, opt)
     try:
-        return vl.VerlRunConfig(**knobs)
+        return vl.task_run_config("alfworld" if args.task == "alfworld" else "hotpotqa", args.algorithm, **knobs)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
 
@@ -484,15 +525,26 @@ def _scripted_searcher(row: dict):
     return policy
 
 
+def _scripted_player(row: dict):
+    "A fixed policy for the dry run's game: the game's own solution (from TextWorld's planner), one command a turn."
+    from agent_r1_tutorial.textgames import TextGameEnv
+
+    env = TextGameEnv(max_steps=50, start=row["extra_info"]["env_kwargs"]["start"])
+    env.reset(**row["extra_info"]["reset_kwargs"])
+    solution = env.walkthrough
+    return lambda context: f"<action>{solution[min(context.count('<|im_start|>assistant'), len(solution)) - 1]}</action>"
+
+
 def _dry_run_agent_loop(run_dir, cfg, tokenizer, model):
     "One episode of our agent loop, built as verl's worker builds it, on the tiny model; one scripted, with a search."
     from agent_r1_tutorial import verl_data as vd
     from agent_r1_tutorial import verl_launch as vl
 
     row = vd.read_rows(Path(run_dir) / "data" / "train.parquet")[0]
+    scripted = (("scripted player", _scripted_player(row)) if row["data_source"] == "alfworld"
+                else ("scripted searcher", _scripted_searcher(row)))
     results = {"tiny model": vl.agent_loop_dry_run(cfg, row, tokenizer, model, response_length=128),
-               "scripted searcher": vl.agent_loop_dry_run(cfg, row, tokenizer, policy=_scripted_searcher(row),
-                                                          response_length=1024)}
+               scripted[0]: vl.agent_loop_dry_run(cfg, row, tokenizer, policy=scripted[1], response_length=1024)}
     (Path(run_dir) / "agent_loop.json").write_text(json.dumps(results, indent=1))
     for who, r in results.items():
         score = "scored by verl's reward loop" if r["reward_score"] is None else f"reward {r['reward_score']:g}"
@@ -504,9 +556,11 @@ def _dry_run_agent_loop(run_dir, cfg, tokenizer, model):
 
 
 def full_eval(run_dir, args) -> str:
-    "EM on the HotpotQA dev sample: verl's validation after the last step (greedy, scored by our compute_score)."
+    "The held-out score of verl's validation after the last step (greedy, scored by our compute_score)."
+    measure = "success rate" if args.task == "alfworld" else "EM"
     if args.dry_run:
-        _say("reads verl's validation after the last step: exact match on the dev sample, scored by compute_score")
+        _say(f"reads verl's validation after the last step: {measure} on the validation games/questions, "
+             "scored by compute_score")
         return "needs GPUs"
     from agent_r1_tutorial.verl_launch import latest_verl_checkpoint, read_verl_metrics
 
@@ -519,9 +573,10 @@ def full_eval(run_dir, args) -> str:
             _say(f"step {s}: {k} = {v:.4f}")
     ckpt = latest_verl_checkpoint(Path(run_dir) / "checkpoints")
     if ckpt is not None:
-        _say(f"the trained model: {ckpt / 'actor' / 'huggingface'} (python scripts/chat.py {ckpt} --tools search ...)")
+        hint = f" (python scripts/chat.py {ckpt} --tools search ...)" if args.task == "search" else ""
+        _say(f"the trained model: {ckpt / 'actor' / 'huggingface'}{hint}")
     acc = [v for s, k, v in val if s == last and k.endswith("/acc/mean@1")]
-    return f"EM {acc[0]:.3f} at step {last}" if acc else f"validated at step {last}"
+    return f"{measure} {acc[0]:.3f} at step {last}" if acc else f"validated at step {last}"
 
 
 BUILT.update({"full/preflight": full_preflight, "full/env": full_env, "full/data": full_data,
@@ -537,6 +592,9 @@ def main(argv=None) -> int:
         return 0
     if args.print_needs_verl:  # speedrun.sh: install verl's CPU build into .venv first?
         print("yes" if scale == "full" or args.engine == "verl" else "no")
+        return 0
+    if args.print_needs_games:  # speedrun.sh: install the text-game packages (TextWorld, ALFWorld) first?
+        print("yes" if args.task == "alfworld" else "no")
         return 0
     if args.preflight_only:  # speedrun.sh, before the GPU environment exists (standard library only)
         return 0 if full_preflight(None, args, gate=True) != "FAILED" else 1

@@ -76,7 +76,7 @@ def test_setup_rejects_unknown_profile():
 
 
 @pytest.mark.parametrize("args, msg", [
-    (["--task", "chess"], "invalid choice: 'chess' (choose from 'search', 'arith')"),
+    (["--task", "chess"], "invalid choice: 'chess' (choose from 'search', 'arith', 'alfworld')"),
     (["--retriever", "google"], "invalid choice: 'google'"),
     (["--preset", "huge"], "invalid choice: 'huge'"),
     (["--threads", "0"], "--threads must be a positive integer"),

@@ -334,6 +334,31 @@ def test_dry_run_in_process(algo, tmp_path, capsys):
 
 
 @needs_verl
+def test_alfworld_dry_run_in_process(tmp_path, capsys):
+    "The ALFWorld task's dry run: a game in ALFWorld's format as verl rows, no index, the game played through the loop."
+    import speedrun
+
+    assert speedrun.main(["grpo", "--task", "alfworld", "--dry-run", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    (run_dir,) = tmp_path.iterdir()
+    assert "full-alfworld-grpo-s0-dry" in run_dir.name and "task=alfworld" in out
+    assert "ALFWorld needs no retrieval index" in out and not (run_dir / "index").exists()
+    rows = vd.read_rows(run_dir / "data" / "train.parquet")
+    assert rows[0]["data_source"] == "alfworld" and rows[0]["extra_info"]["env_kwargs"]["start"] == "alfworld"
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(run_dir / "verl_config.yaml")
+    assert cfg.actor_rollout_ref.model.path == "Qwen/Qwen3-4B-Instruct-2507"
+    assert cfg.actor_rollout_ref.rollout.multi_turn.max_assistant_turns == 50
+    episodes = json.loads((run_dir / "agent_loop.json").read_text())
+    assert set(episodes) == {"tiny model", "scripted player"}
+    assert all(e["ids_and_masks_ok"] for e in episodes.values())
+    # the game's own solution wins it: five commands, one turn each, reward 1
+    p = episodes["scripted player"]
+    assert (p["reward_score"], p["turns"], p["end_reason"]) == (1.0, 5, "won")
+
+
+@needs_verl
 def test_speedrun_sh_dry_run(tmp_path):
     "The README's command on a machine without GPUs: bash speedrun.sh grpo --dry-run."
     code, out, err = _run(["bash", "speedrun.sh", "grpo", "--dry-run", "--out", str(tmp_path), "--gpus", "8",
@@ -349,6 +374,10 @@ def test_speedrun_sh_dry_run(tmp_path):
 
 
 def test_speedrun_full_options_are_checked():
+    code, out, err = _run(["bash", "speedrun.sh", "grpo", "--dry-run", "--task", "arith"])
+    assert code == 2 and "--task arith is a CPU task; at full scale the tasks are search, alfworld" in err
+    code, out, err = _run(["bash", "speedrun.sh", "--scale", "tiny", "--task", "alfworld"])
+    assert code == 2 and "--task alfworld runs at full scale" in err and "--dry-run" in err
     code, out, err = _run(["bash", "speedrun.sh", "grpo", "--dry-run", "--gpus", "0"])
     assert code == 2 and "--gpus must be a positive integer" in err
     code, out, err = _run(["bash", "speedrun.sh", "grpo", "--dry-run", "--override", "novalue"])
