@@ -365,7 +365,7 @@ def test_speedrun_sh_dry_run(tmp_path):
                            "--override", "trainer.total_training_steps=5"], timeout=900)
     assert code == 0, out + err
     assert "Traceback" not in out + err
-    assert "scale=full algorithm=grpo" in out
+    assert "scale=full task=search algorithm=grpo" in out
     assert "trainer.n_gpus_per_node=8" in out and "trainer.total_training_steps=5" in out
     for stage in ("preflight", "env", "data", "index", "train", "eval"):
         assert f"  {stage} " in out
