@@ -76,7 +76,7 @@ def _check_estimator_signature(name: str, f: Callable):
 
 
 def register_adv_estimator(
-    name: str,  # the name an algorithm uses (verl sees it as ar1_<name>)
+    name: str,  # the name an algorithm uses (verl sees it as `ar1_<name>`)
     fn: Callable | None = None,  # fn(token_level_rewards, response_mask, **fields) -> (advantages, returns)
     *,
     replace: bool = False,  # replace an estimator of the same name
@@ -104,7 +104,7 @@ def _check_policy_loss(name: str, fn: Callable):
 
 
 def register_policy_loss(
-    name: str,  # the name for TrainerConfig.policy_loss / VerlRunConfig.policy_loss (verl: ar1_<name>)
+    name: str,  # the name for TrainerConfig.policy_loss / VerlRunConfig.policy_loss (verl: `ar1_<name>`)
     fn: Callable | None = None,  # fn(old_log_prob, log_prob, advantages, response_mask, agg_mode, config, weights)
     *,
     replace: bool = False,  # replace a loss of the same name

@@ -162,8 +162,8 @@ def _markup_after(text: str, i: int) -> int:
 def extract_answer(
     solution_str: str,  # the decoded response
     fmt: str = "hermes",  # "hermes" or "search_r1"
-) -> str | None:  # the text inside the final turn's last <answer>...</answer>, stripped; None if there is none
-    "The final answer of an episode: the content of the last <answer> tag in its final turn."
+) -> str | None:  # the text inside the final turn's last `<answer>...</answer>`, stripped; None if there is none
+    "The final answer of an episode: the content of the last `<answer>` tag in its final turn."
     final = split_turns(solution_str, fmt)[-1]
     found = tag_blocks(final, "<answer>", "</answer>")
     return final[found[-1][0] + len("<answer>"):found[-1][1] - len("</answer>")].strip() if found else None
@@ -209,7 +209,7 @@ def _turn_ok(turn: str, fmt: str, kind: str, require_think: bool) -> bool:
 def format_reward(
     solution_str: str,  # the decoded response
     fmt: str = "hermes",  # "hermes" or "search_r1"
-    require_think: bool = False,  # every turn must open with <think>...</think>
+    require_think: bool = False,  # every turn must open with `<think>...</think>`
 ) -> float:  # in [0, 1]: half for the intermediate turns (the fraction well-formed), half for the final turn
     "How well-formed an episode's turns are: tool-call turns, then a final answer turn."
     *calls, final = split_turns(solution_str, fmt)
@@ -275,9 +275,9 @@ def qa_score(
     ground_truth: Any,  # gold answer(s): str, list, or {'target': [...]}
     fmt: str = "hermes",  # "hermes" or "search_r1"
     metric: str = "em",  # "em", "f1" or "substring"
-    require_think: bool = False,  # every turn must open with <think>...</think>
+    require_think: bool = False,  # every turn must open with `<think>...</think>`
 ) -> dict[str, float]:  # {"score", "acc", "format"}
-    "Outcome score for question answering: the answer metric on <answer>, gated by the format."
+    "Outcome score for question answering: the answer metric on `<answer>`, gated by the format."
     if metric not in ANSWER_METRICS:
         raise ValueError(f"unknown answer metric {metric!r}; choose one of {list(ANSWER_METRICS)}")
     answer = extract_answer(solution_str, fmt)
@@ -290,9 +290,9 @@ def gsm8k_score(
     solution_str: str,  # the decoded response
     ground_truth: Any,  # the GSM8K solution ('... #### 72') or the number itself
     fmt: str = "hermes",  # "hermes" or "search_r1"
-    require_think: bool = False,  # every turn must open with <think>...</think>
+    require_think: bool = False,  # every turn must open with `<think>...</think>`
 ) -> dict[str, float]:  # {"score", "acc", "format"}
-    "Outcome score for GSM8K: the final number of the <answer> (or of the final turn), gated by the format."
+    "Outcome score for GSM8K: the final number of the `<answer>` (or of the final turn), gated by the format."
     answer = extract_answer(solution_str, fmt)
     acc = numbers_match(answer if answer is not None else split_turns(solution_str, fmt)[-1], ground_truth)
     fmt_score = format_reward(solution_str, fmt, require_think)

@@ -669,7 +669,7 @@ class HermesFormat(ToolFormat):
 # %% ../nbs/03_tools.ipynb #f2fedab7
 @register_format
 class SearchR1Format(ToolFormat):
-    "Search-R1 tags: <search>query</search> in, <information>…</information> out (as one user message)."
+    "Search-R1 tags: `<search>query</search>` in, `<information>…</information>` out (as one user message)."
     name = "search_r1"
 
     def __init__(

@@ -247,7 +247,7 @@ def hotpotqa_toy_sample(
 def gsm8k_toy_sample(
     n: int = 24,  # records to make
     seed: int = 0,  # the same seed gives the same records
-) -> list[dict]:  # records in GSM8K's format: question, answer ending '#### <number>'
+) -> list[dict]:  # records in GSM8K's format: question, answer ending `#### <number>`
     "A small local stand-in for GSM8K, in its format: generated two-step word problems."
     rng = random.Random(seed)
     things = ["pencils", "apples", "stamps", "marbles", "cookies", "books"]

@@ -36,7 +36,7 @@ ALGORITHMS = tuple(TRAINER_ALGORITHMS)  # the reference trainer's names: one alg
 @dataclass(frozen=True)
 class Recipe:
     "What one algorithm needs from verl."
-    adv_estimator: str  # our estimator (registered as ar1_<name>)
+    adv_estimator: str  # our estimator (registered as `ar1_<name>`)
     critic: bool  # train a value model
     n: int  # default responses per prompt
     kl: str  # "reward" (penalty in the reward, verl's use_kl_in_reward) or "loss" (actor's use_kl_loss)
@@ -168,7 +168,7 @@ def task_run_config(
     algorithm: str = "grpo",
     **knobs,  # any other VerlRunConfig field
 ) -> VerlRunConfig:
-    "A full-scale run's knobs for a task: the task's settings, then `knobs`; the experiment is named <task>-<algorithm>."
+    "A full-scale run's knobs: the task's settings, then `knobs`; the experiment named as in `alfworld-grpo`."
     if task not in TASK_RUNS:
         raise ValueError(f"unknown task {task!r}; choose one of {list(TASK_RUNS)}")
     return VerlRunConfig(**{**TASK_RUNS[task], "algorithm": algorithm, "experiment_name": f"{task}-{algorithm}",
@@ -480,7 +480,7 @@ def write_launch_script(
 
 # %% ../nbs/14_verl_launch.ipynb #4b4768f3
 def read_verl_metrics(
-    out_dir: str | Path,  # a run folder whose launches logged to metrics-<n>.jsonl (VERL_FILE_LOGGER_PATH)
+    out_dir: str | Path,  # a run folder whose launches logged to `metrics-<n>.jsonl` (VERL_FILE_LOGGER_PATH)
 ) -> list[dict]:  # one dict per trainer step ("step" and verl's metric names), in step order
     "verl's logged metrics of every launch in a folder; a later launch's value for a step wins (a resumed run)."
     steps: dict[int, dict] = {}
@@ -494,7 +494,7 @@ def read_verl_metrics(
 
 def latest_verl_checkpoint(
     checkpoint_dir: str | Path,  # trainer.default_local_dir
-) -> Path | None:  # global_step_<n>/ of the newest complete checkpoint, None if there is none
+) -> Path | None:  # `global_step_<n>/` of the newest complete checkpoint, None if there is none
     "The checkpoint verl resumes from: the step named in latest_checkpointed_iteration.txt."
     marker = Path(checkpoint_dir) / "latest_checkpointed_iteration.txt"
     if not marker.exists():
