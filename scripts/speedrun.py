@@ -42,7 +42,7 @@ STAGES = {
         ("index", "bge-large-en-v1.5 embeddings and a FAISS index of the corpus (HotpotQA only)",
          "13 · verl data and index"),
         ("train", "verl training with this package's agent loop, estimators and losses", "14 · verl launch and dry run"),
-        ("eval", "verl's last validation: EM on HotpotQA's dev sample, or ALFWorld's unseen-room success rate",
+        ("eval", "verl's last validation: EM on HotpotQA's dev sample, or ALFWorld's success rate on valid_seen",
          "14 · verl launch and dry run"),
     ],
 }
@@ -559,7 +559,8 @@ def full_eval(run_dir, args) -> str:
     "The held-out score of verl's validation after the last step (greedy, scored by our compute_score)."
     measure = "success rate" if args.task == "alfworld" else "EM"
     if args.dry_run:
-        _say(f"reads verl's validation after the last step: {measure} on the validation games/questions, "
+        held_out = "games" if args.task == "alfworld" else "questions"
+        _say(f"reads verl's validation after the last step: {measure} on the validation {held_out}, "
              "scored by compute_score")
         return "needs GPUs"
     from agent_r1_tutorial.verl_launch import latest_verl_checkpoint, read_verl_metrics
