@@ -65,7 +65,6 @@ class SpeedrunConfig:
     sft_hops: tuple = (1, 2)  # the questions the expert demonstrates
     sft_two_hop_share: float = 1.0  # of the two-hop questions in `sft_hops`, the share the expert demonstrates
     sft_two_hop_stop: float = 0.7  # of those, the share where it answers after one search (a flawed expert)
-    sft_first_repeat: int = 1  # SFT sees each one-hop question about a passage's first sentence this many times
     rl_hops: tuple = (1, 2)  # the questions RL trains on
     think: bool = True  # the expert quotes the sentence it reads
     plan: bool = True  # the expert plans its searches and relations (<think>2 hops: ...</think>), counts them (1/2)
@@ -144,7 +143,6 @@ class SpeedrunConfig:
             "max_new_tokens",
             "max_turns",
             "search_k",
-            "sft_first_repeat",
         ):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -264,9 +262,6 @@ def build_suite(cfg: SpeedrunConfig, encoder: CachedEncoder | None = None) -> Su
     two = [t for t in sft if t["hops"] == 2]  # a rarely demonstrated skill: keep a random share of them
     keep = {id(t) for t in random.Random(cfg.seed).sample(two, round(cfg.sft_two_hop_share * len(two)))}
     sft = [t for t in sft if t["hops"] == 1 or id(t) in keep]  # in their order: world by world
-    if cfg.sft_first_repeat > 1:  # balance the sentences quoted (section 10): born in / based in open a passage
-        sft += [t for t in sft if t["hops"] == 1 and parse_question(t["question"])[1][0] in ("born_in", "based_in")] \
-            * (cfg.sft_first_repeat - 1)
     stop, salt, ev_names = cfg.sft_two_hop_stop, cfg.seed, frozenset(ev.names())
     return Suite(
         [t for t in tr.tasks if t["hops"] in cfg.rl_hops],

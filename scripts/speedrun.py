@@ -403,11 +403,11 @@ def alfworld_data(run_dir, args, out: Path) -> str:
         for split in ("train", "valid_seen"):
             write_alfworld_fixture(root / split)
         source = "one game in ALFWorld's format, built from its domain and grammar (no download in a dry run)"
-        paths = vd.prepare_alfworld(out, root, n_train=args.n_train, n_val=args.n_val, seed=args.seed)
     else:
         root = vd.download_alfworld(Path(args.data_dir) / "raw" / "alfworld")
         source = f"ALFWorld's game files ({root})"
-        paths = vd.prepare_alfworld(out, root, n_train=args.n_train, n_val=args.n_val or 140, seed=args.seed)
+    # unless given, every game of each split (None): valid_seen's 140 are the published table's validation set
+    paths = vd.prepare_alfworld(out, root, n_train=args.n_train, n_val=args.n_val, seed=args.seed)
     n = json.loads((paths["train"].parent / "manifest.json").read_text())
     _say(f"{n['n_train']} training and {n['n_validation']} validation games from {source}: {paths['train'].parent}")
     return "done (sample)" if args.dry_run else "done"
@@ -576,8 +576,9 @@ def full_eval(run_dir, args) -> str:
     if ckpt is not None:
         hint = f" (python scripts/chat.py {ckpt} --tools search ...)" if args.task == "search" else ""
         _say(f"the trained model: {ckpt / 'actor' / 'huggingface'}{hint}")
-    acc = [v for s, k, v in val if s == last and k.endswith("/acc/mean@1")]
-    return f"{measure} {acc[0]:.3f} at step {last}" if acc else f"validated at step {last}"
+    # verl's core validation metric is "acc" where the scorer reports one (HotpotQA), else "reward" (a game's score)
+    core = [v for name in ("acc", "reward") for s, k, v in val if s == last and k.endswith(f"/{name}/mean@1")]
+    return f"{measure} {core[0]:.3f} at step {last}" if core else f"validated at step {last}"
 
 
 BUILT.update({"full/preflight": full_preflight, "full/env": full_env, "full/data": full_data,
