@@ -1,4 +1,5 @@
 """Properties of the rollout backends and the multi-turn loop, beyond the examples in nbs/06_rollout.ipynb."""
+import copy
 import random
 
 import pytest
@@ -139,3 +140,33 @@ def test_loop_rejects_bad_input(lm):
 
     with pytest.raises(ValueError, match="non-finite outcome reward"):
         loop.run([NaNOutcome()], [{}])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fast_decode,share_prompts", [(False, False), (True, True)])
+def test_loop_on_cuda_records_the_samplers_logprobs(lm, fast_decode, share_prompts):
+    "On a GPU, with and without the growing cache and shared prompts: the recorded log-probs are a fresh forward's."
+    tok, model = lm
+    m = copy.deepcopy(model).to("cuda")
+    backend = HFBackend(m, tok.pad_token_id, fast_decode=fast_decode, share_prompts=share_prompts,
+                        generator=torch.Generator(device="cuda").manual_seed(0))
+    loop = AgentEnvLoop(backend, tok, SamplingParams(max_new_tokens=10, stop_token_ids=(tok.eos_token_id,)),
+                        max_context=400, max_turns=5)
+    # groups of four episodes on one question each, as GRPO samples them, so the shared prefill is exercised
+    trajs = loop.run([RandomEnv(i) for i in range(8)], [{"question": f"q{i // 4}"} for i in range(8)])
+    assert all(t.done and t.is_append_only() for t in trajs)
+    for t in trajs:
+        row = growing_layout(t)
+        ids = torch.tensor([row["prompt_ids"] + row["response_ids"]], device="cuda")
+        ones = torch.ones_like(ids)
+        lp = compute_log_probs(m, ids, ones, ones.cumsum(1) - 1, len(row["response_ids"]))[0].cpu()
+        mask = torch.tensor(row["response_mask"]).bool()
+        assert torch.allclose(lp[mask], torch.tensor(row["response_logprobs"])[mask], atol=1e-3)
+
+
+@pytest.mark.gpu
+def test_cache_reuse_on_cuda_feeds_fewer_tokens(lm):
+    tok, model = lm
+    res = benchmark_rollout(copy.deepcopy(model).to("cuda"), tok, n_episodes=6, turns=3, max_new_tokens=8, seed=3)
+    assert res["fed_tokens_reuse"] < res["fed_tokens_reencode"]
+    assert res["same_tokens"], "the cached and re-encoded rollouts sampled different tokens on the GPU"

@@ -108,7 +108,12 @@ def test_nan_stops_before_the_update(tok, digits):
 
 
 @pytest.mark.gpu
-def test_trainer_on_cuda(tok, digits):
-    tr = make(tok, digits, algorithm="ppo", device="cuda")
-    hist = tr.train(3, progress=False)
-    assert next(tr.policy.parameters()).is_cuda and all(math.isfinite(m["actor/pg_loss"]) for m in hist)
+@pytest.mark.parametrize("algorithm,kw", [("ppo", {}), ("grpo", dict(filter_groups=True, bypass_mode=True))])
+def test_trainer_learns_on_cuda(tok, digits, algorithm, kw, tmp_path):
+    "The CPU test's margin, on a GPU: the last 5 steps' mean reward beats the first 5 by at least 0.15."
+    tr = make(tok, digits, algorithm=algorithm, device="cuda", seed=0, out_dir=str(tmp_path), **kw)
+    hist = tr.train(20, progress=False)
+    assert next(tr.policy.parameters()).is_cuda
+    assert all(math.isfinite(m["actor/pg_loss"]) for m in hist)
+    r = [m["reward/outcome_mean"] for m in hist]
+    assert np.mean(r[-5:]) > np.mean(r[:5]) + 0.15, r
