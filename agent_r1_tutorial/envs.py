@@ -110,6 +110,24 @@ class AgentEnv:
         # by default the synchronous step, in a worker thread so that other environments keep going
         return await asyncio.get_running_loop().run_in_executor(None, self._step, action)
 
+    def stop(self, reason: str) -> float | None:
+        """The rollout loop ends an episode the environment has not ended (a budget of the loop ran out). Returns the
+        episode's outcome reward as it stands, or None where only a scorer of the response can judge it."""
+        if not getattr(self, "_started", False):
+            raise RuntimeError(f"{type(self).__name__}: call reset() before stop()")
+        if self._done:  # it ended on its own: its outcome was in that step's info
+            return None
+        self._done, self.end_reason = True, reason
+        outcome = self._stop(reason)
+        if outcome is not None and (isinstance(outcome, bool) or not isinstance(outcome, (int, float))
+                                    or not math.isfinite(outcome)):
+            raise ValueError(f"{type(self).__name__}._stop returned an outcome that is not a finite number: {outcome!r}")
+        return None if outcome is None else float(outcome)
+
+    def _stop(self, reason: str) -> float | None:
+        # by default the environment cannot judge an unfinished episode (a QA answer is judged by its scorer)
+        return None
+
     @property
     def done(self) -> bool:
         "True once the episode has terminated or been truncated."

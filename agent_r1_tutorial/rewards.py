@@ -393,8 +393,9 @@ register_scorer("gsm8k", gsm8k_score)
 register_scorer("openai/gsm8k", gsm8k_score)
 register_scorer("searchR1_*", lambda solution_str, ground_truth, **kw: qa_score(
     solution_str, ground_truth, **{"fmt": "search_r1", **kw}))
-# a text game (ALFWorld, TextWorld: chapter 10b) is judged by its environment, which hands the outcome to the agent
-# loop; verl's reward function sees only an episode the loop cut before the game ended, and that game was not won
+# a text game (ALFWorld, TextWorld: chapter 10b) is judged by its environment, also when the agent loop's budget ends
+# it (chapter 12), so verl's reward function never sees a game our loop played; a game row scored elsewhere has only
+# its text to go by, which cannot show a win: not won, and the format left unchecked (1.0)
 for _name in ("alfworld", "textworld"):
     register_scorer(_name, lambda solution_str, ground_truth, **kw: {"score": 0.0, "acc": 0.0, "format": 1.0})
 

@@ -494,13 +494,14 @@ def run(
 def _record(self: AgentEnvLoop, e: _Episode, g: Generation, a: Action, result: tuple, turn: int):
     "Record one step of an episode from the environment's answer, and move the episode on (or end it)."
     obs, reward, term, trunc, info = result
-    if not (term or trunc) and turn == self.max_turns - 1:
-        trunc, info = True, {**info, "reason": "max_turns"}
     outcome = info.get("outcome_reward")
     if outcome is not None and not math.isfinite(outcome):
         raise ValueError(f"episode {e.uid}: {type(e.env).__name__} returned a non-finite outcome reward "
                          f"{outcome!r}; fix the reward function (no trajectory was recorded)")
     process = reward - (outcome or 0.0)  # the step keeps its process reward; the outcome goes to the trajectory
+    if not (term or trunc) and turn == self.max_turns - 1:  # the loop ends it: the environment may judge it
+        outcome = e.env.stop("max_turns")
+        trunc, info = True, {**info, "reason": "max_turns", "outcome_reward": outcome}
     done = term or trunc
     nxt, env_ids, roles = (e.context, [], None) if done else self._next_context(e, g.token_ids, obs)
     e.steps.append(Step(
@@ -516,8 +517,11 @@ def _record(self: AgentEnvLoop, e: _Episode, g: Generation, a: Action, result: t
 
 @patch
 def _close(self: AgentEnvLoop, e: _Episode, reason: str):
-    "End an episode the environment did not end: mark its last step truncated (or drop it if it has none)."
+    "End an episode the environment did not end: mark its last step truncated, and take its outcome if it judges one."
     e.done = True
+    judged = e.env.stop(reason)
+    if judged is not None:
+        e.outcome = judged
     if e.steps:
         s = e.steps[-1]
         e.steps[-1] = Step(**{**s.__dict__, "terminated": False, "truncated": True, "reason": reason,

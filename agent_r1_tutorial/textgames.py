@@ -349,8 +349,8 @@ def _final(self: TextGameEnv, info: dict, reason: str) -> float:
 def _step(self: TextGameEnv, action: Action):
     self.turn += 1
     command = parse_command(action.text)
-    info = {"turn": self.turn, "command": command, "admissible": None, "reason": None, "outcome_reward": None,
-            "won": False, "score": self.score, "context_rewritten": False}
+    info = {"turn": self.turn, "command": command, "malformed": command is None, "admissible": None, "reason": None,
+            "outcome_reward": None, "won": False, "score": self.score, "context_rewritten": False}
     terminated = truncated = False
     if command is None:  # malformed: the game is not asked
         feedback, reward = "Reply with one command inside <action> and </action>.", self.malformed_reward
@@ -378,6 +378,12 @@ def _step(self: TextGameEnv, action: Action):
     self.step_rewards.append(reward)
     self.infos.append(info)
     return Observation([dict(m) for m in context]), reward, terminated, truncated, info
+
+
+@patch
+def _stop(self: TextGameEnv, reason: str) -> float:
+    # the rollout loop's budget ended a game still in play: it was not won, and its score so far is known
+    return self._final({}, reason)
 
 
 @patch

@@ -28,10 +28,11 @@ from .rollout import PolicyBackend, SamplingParams, _feedback, _jsonable
 
 # %% auto #0
 __all__ = ['AGENT_NAME', 'MODULE_NAME', 'LAYOUTS', 'VERL_PREFIX', 'EXTERNAL_MODULES_ENV', 'REWARD_FUNCTION', 'env_from_row',
-           'run_agent_episode', 'episode_response_ids', 'episode_outputs', 'episode_log_record', 'log_episode',
-           'TokenIds', 'LocalServerManager', 'verl_agent_loop_class', 'verl_name', 'as_verl_adv_estimator',
-           'global_loss_scale', 'as_verl_policy_loss', 'register_with_verl', 'split_batch_keys',
-           'compute_advantage_multi_step', 'replace_verl_attribute', 'patch_verl_trainer', 'patch_verl_critic_loader']
+           'run_agent_episode', 'episode_response_ids', 'env_reward_info', 'episode_outputs', 'episode_log_record',
+           'log_episode', 'TokenIds', 'LocalServerManager', 'verl_agent_loop_class', 'verl_name',
+           'as_verl_adv_estimator', 'global_loss_scale', 'as_verl_policy_loss', 'register_with_verl',
+           'split_batch_keys', 'compute_advantage_multi_step', 'replace_verl_attribute', 'patch_verl_trainer',
+           'patch_verl_critic_loader']
 
 # %% ../nbs/12_verl.ipynb #66760931
 AGENT_NAME = "ar1_agent"  # the agent loop our data rows ask for (parquet column `agent_name`)
@@ -226,6 +227,10 @@ async def run_agent_episode(
                                                            max_response_length, n_history,
                                                            max_turns is not None and turn + 1 >= max_turns)
             trunc, reason = stop is not None, stop or reason
+            if stop is not None:  # a budget of this loop ended it: the environment may judge the unfinished episode
+                judged = env.stop(stop)
+                if judged is not None:
+                    outcome, extra = judged, {**extra, "outcome_reward": judged}
         done = term or trunc
         steps.append(Step(obs_ids=list(context), action_ids=ids, action_logprobs=lps or [0.0] * len(ids),
                           env_ids=env_ids, env_roles=roles, action_text=action.text, feedback=_feedback(obs, new_obs),
@@ -269,6 +274,16 @@ def episode_response_ids(
         ids += s.action_ids + (s.env_ids or list(s.info.get("score_env_ids") or []))
     return ids
 
+# %% ../nbs/12_verl.ipynb #d05c4b40
+def env_reward_info(
+    traj: Trajectory,  # an episode whose environment judged the outcome (metadata `outcome_from_env`)
+) -> dict[str, float]:  # {"score", "acc", "format"}: the keys every scorer of chapter 07 reports
+    "What verl logs for an episode its environment judged, under the keys that an episode verl scored reports."
+    won = traj.steps[-1].info.get("won")
+    acc = float(bool(won)) if won is not None else float(traj.outcome_reward >= 1.0)
+    malformed = sum(bool(s.info.get("malformed")) for s in traj.steps)
+    return {"score": float(traj.outcome_reward), "acc": acc, "format": 1.0 - malformed / len(traj.steps)}
+
 # %% ../nbs/12_verl.ipynb #9906a26d
 def episode_outputs(
     traj: Trajectory,  # an episode from run_agent_episode
@@ -309,7 +324,7 @@ def episode_outputs(
     last = outs[-1]
     if m.get("outcome_from_env"):  # the environment judged the outcome: verl must not score it again
         last["reward_score"] = float(traj.outcome_reward)
-        last["extra_fields"]["reward_extra_info"] = {"score": float(traj.outcome_reward)}
+        last["extra_fields"]["reward_extra_info"] = env_reward_info(traj)
     elif len(outs) > 1 or layout == "step":  # verl would decode only the last row: score the whole episode here
         if row is None or not isinstance(row.get("reward_model"), dict):
             raise ValueError("scoring an episode of several rows needs the dataset row (data_source, reward_model)")

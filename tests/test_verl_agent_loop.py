@@ -482,3 +482,43 @@ def test_agent_loop_dry_run(registered, lm, hotpot):
     assert (r["layout"], r["outputs"], r["tool_calls"], r["reward_score"], r["ids_and_masks_ok"]) == ("step", 2, 1, 1.0, True)
     with pytest.raises(ValueError, match="a model or a scripted policy"):
         vl.agent_loop_dry_run(_cfg("grpo"), hotpot, tok, model, policy=searcher(hotpot))
+
+
+def test_game_episodes_report_one_key_set_however_they_end(tok, tmp_path):
+    """verl takes a batch's reward_extra_info keys from its first episode: a game won, lost to the loop's turn cap, cut
+    by the response budget or answered without a command reports the scorers' keys, and the game judges every one."""
+    from agent_r1_tutorial.textgames import write_alfworld_fixture
+
+    game = write_alfworld_fixture(tmp_path)
+    row = {"data_source": "alfworld", "raw_prompt": [{"role": "user", "content": "Play the ALFWorld game."}],
+           "reward_model": {"ground_truth": ""},
+           "extra_info": {"env_kwargs": {"env": "textgame", "start": "alfworld", "max_steps": 30},
+                          "reset_kwargs": {"game": str(game)}}}
+    env, task = vb.env_from_row(row, tok)
+    env.reset(**task)
+    solution = env.walkthrough
+    turn = lambda ctx: ctx.count("<|im_start|>assistant") - 1
+    look = lambda ctx: "<action>look</action>"
+    play = lambda policy, budget, max_turns: asyncio.run(vb.run_agent_episode(
+        scripted(tok, policy), tok, *vb.env_from_row(row, tok), None, budget, max_turns=max_turns))
+    first = play(look, 1024, 1).steps[0]
+    room = len(first.action_ids) + len(first.env_ids) // 2  # the first turn fits, the game's answer to it does not
+    players = {
+        "won": (lambda ctx: f"<action>{solution[min(turn(ctx), len(solution) - 1)]}</action>", 1024, None),
+        "turn cap": (look, 1024, 2),
+        "response budget": (look, room, None),
+        "cut mid-command": (look, 4, None),  # the game truncates a turn cut before its command ends
+        "no command": (lambda ctx: "I will look around." if turn(ctx) == 0 else "<action>look</action>", 1024, 2),
+    }
+    infos = {}
+    for name, (policy, budget, max_turns) in players.items():
+        traj = play(policy, budget, max_turns)
+        assert traj.metadata["outcome_from_env"], name  # the game judged it: verl's reward function is not called
+        (out,) = vb.episode_outputs(traj, tok, "sequence", row)
+        assert out["reward_score"] == traj.outcome_reward, name
+        infos[name] = (traj.reason, out["extra_fields"]["reward_extra_info"])
+    assert infos["won"] == ("won", {"score": 1.0, "acc": 1.0, "format": 1.0})
+    assert infos["turn cap"] == ("max_turns", {"score": 0.0, "acc": 0.0, "format": 1.0})
+    assert infos["response budget"] == ("max_response_length", {"score": 0.0, "acc": 0.0, "format": 1.0})
+    assert infos["cut mid-command"] == ("max_new_tokens", {"score": 0.0, "acc": 0.0, "format": 0.0})
+    assert infos["no command"] == ("max_turns", {"score": 0.0, "acc": 0.0, "format": 0.5})
