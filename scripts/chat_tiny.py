@@ -17,6 +17,15 @@ import sys
 from pathlib import Path
 
 
+def load_model(model_dir):
+    "The tiny model of a run and its tokenizer, exactly as trained."
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    # the tokenizer as saved (tokenizer.json): AutoTokenizer would read the model folder's config.json and build Qwen2's
+    # tokenizer class around it, whose own pre-tokenizer splits words differently ('g', 'o', ' ' for the token 'go ')
+    return AutoModelForCausalLM.from_pretrained(model_dir).eval(), PreTrainedTokenizerFast.from_pretrained(model_dir)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python scripts/chat_tiny.py", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -33,15 +42,13 @@ def main(argv=None) -> int:
         ap.error(f"{run} holds no model: expected final_model/ or sft_model/ of a tiny speedrun, or a model folder")
     if args.examples < 0:
         ap.error(f"--examples must be a non-negative integer, got {args.examples}")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     from agent_r1_tutorial.speedrun import ask, fresh_world
     from agent_r1_tutorial.worlds import make_questions
 
     hf_logging.disable_progress_bar()
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    model, tok = load_model(model_dir)
     world = fresh_world(args.world)
     print(f"model: {model_dir}\nworld {args.world} (never seen in training):")
     for d in world.passages():

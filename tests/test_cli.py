@@ -123,6 +123,20 @@ def test_speedrun_tiny_end_to_end(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny-search-grpo-s0-ci", "tiny-search-grpo-s0-ci-2"]
 
 
+def test_chat_tiny_reads_the_tokenizer_as_trained(tmp_path):
+    "A model folder holds Qwen2's config beside our tokenizer: the chat must tokenize as the run did, not as Qwen2 would."
+    import chat_tiny
+    from agent_r1_tutorial.tinylm import tiny_qwen2, train_tokenizer
+
+    text = "<action>go east</action> You can: go east, look. Nelfe Fadan works for Kidu Foundry."
+    trained = train_tokenizer([text] * 50, vocab_size=400, trailing_spaces=True)
+    trained.save_pretrained(tmp_path)
+    tiny_qwen2(trained, hidden_size=16, num_hidden_layers=1).save_pretrained(tmp_path)
+    model, tok = chat_tiny.load_model(tmp_path)
+    assert tok.encode(text) == trained.encode(text) and "go " in [tok.decode([i]) for i in tok.encode(text)]
+    assert model.config.vocab_size == len(trained)
+
+
 def test_chat_tiny_names_a_folder_without_a_model(tmp_path):
     res = subprocess.run([sys.executable, "scripts/chat_tiny.py", str(tmp_path)], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
