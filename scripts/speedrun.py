@@ -576,7 +576,8 @@ def full_eval(run_dir, args) -> str:
     if ckpt is not None:
         hint = f" (python scripts/chat.py {ckpt} --tools search ...)" if args.task == "search" else ""
         _say(f"the trained model: {ckpt / 'actor' / 'huggingface'}{hint}")
-    # verl's core validation metric is "acc" where the scorer reports one (HotpotQA), else "reward" (a game's score)
+    # verl's core validation metric is "acc" where episodes report one (our scorers, and every episode a game judged:
+    # its win), else "reward" (a registered scorer that reports only a score)
     core = [v for name in ("acc", "reward") for s, k, v in val if s == last and k.endswith(f"/{name}/mean@1")]
     return f"{measure} {core[0]:.3f} at step {last}" if core else f"validated at step {last}"
 

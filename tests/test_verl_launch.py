@@ -430,7 +430,7 @@ def test_full_eval_reports_verls_last_validation(tmp_path):
     (tmp_path / "metrics-1.jsonl").write_text("\n".join(json.dumps(l) for l in lines))
     args = speedrun.parser().parse_args(["grpo"])
     assert speedrun.full_eval(tmp_path, args) == "EM 0.430 at step 10"
-    # a game's scorer reports no "acc": verl's core metric is then "reward", the success rate
+    # where episodes report no "acc" (a registered scorer with only a score), verl's core metric is "reward"
     (tmp_path / "metrics-1.jsonl").write_text(json.dumps({"step": 5, "data": {"val-core/alfworld/reward/mean@1": 0.6}}))
     alf = speedrun.parser().parse_args(["grpo", "--task", "alfworld"])
     assert speedrun.full_eval(tmp_path, alf) == "success rate 0.600 at step 5"
