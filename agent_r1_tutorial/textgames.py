@@ -162,15 +162,16 @@ def clean_feedback(
 
 # %% ../nbs/10b_textgames.ipynb #8b72209b
 ACTION_RE = re.compile(r"<action>(.*?)</action>", re.S)
+_UNTYPABLE = re.compile(r"[^ -~]|\\")  # anything but printable ASCII, and the backslash: the interpreter's hot keys
 
 
 def parse_command(
     text: str,  # a model response
 ) -> str | None:  # the command, or None if there is no non-empty <action> block
-    "The command inside the last <action>...</action> of a response, lower-cased, whitespace collapsed."
+    "The command in the last <action>...</action> of a response: printable ASCII, lower-cased, whitespace collapsed."
     found = ACTION_RE.findall(text or "")
-    command = " ".join(found[-1].split()).lower() if found else ""
-    return command or None
+    command = " ".join(found[-1].split()) if found else ""  # tabs and newlines are spaces before the rest goes
+    return " ".join(_UNTYPABLE.sub("", command).split()).lower() or None
 
 # %% ../nbs/10b_textgames.ipynb #f139b540
 INFOS = dict(admissible_commands=True, objective=True, max_score=True, policy_commands=True, won=True, lost=True,
