@@ -4,6 +4,7 @@
 #   bash speedrun.sh                  on a machine without NVIDIA GPUs: the tiny CPU speedrun (GRPO)
 #   bash speedrun.sh grpo             on a GPU box: the full HotpotQA pipeline on verl
 #   bash speedrun.sh grpo --engine verl   anywhere: the tiny speedrun with verl's own trainer on this CPU
+#   bash speedrun.sh --task textworld     without GPUs: a tiny agent for TextWorld's coin collector (chapter 11a)
 #   bash speedrun.sh ALGO [--scale tiny|full] [--dry-run] [--seed N] [--out DIR]
 #   bash speedrun.sh --help           every option
 #

@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # names; tests/test_cli.py checks that these equal trainer.ALGORITHMS and verl_launch.ALGORITHMS
 ALGORITHMS = ("grpo", "ppo", "reinforce_pp", "rloo", "steppo")
 SCALES = ("auto", "tiny", "full")
-TASKS = ("search", "arith", "alfworld")
-TINY_TASKS, FULL_TASKS = ("search", "arith"), ("search", "alfworld")
+TASKS = ("search", "arith", "textworld", "alfworld")
+TINY_TASKS, FULL_TASKS = ("search", "arith", "textworld"), ("search", "alfworld")
 RETRIEVERS = ("dense", "bm25")
 PRESETS = ("tiny", "ci")
 ENGINES = ("reference", "verl")
@@ -34,6 +34,13 @@ STAGES = {
         ("sft", "SFT warm start on scripted expert trajectories, loss masked to the agent's tokens", "11 · The tiny speedrun"),
         ("rl", "RL with the reference trainer (the chosen algorithm)", "11 · The tiny speedrun"),
         ("eval", "evaluation on held-out worlds, baselines beside it", "11 · The tiny speedrun"),
+    ],
+    "textworld": [  # the tiny scale's stages for --task textworld
+        ("data", "TextWorld coin-collector games (cached), the dawdling teacher's episodes, the tokenizer, the "
+         "scripted baselines", "11a · The text-game speedrun"),
+        ("sft", "SFT of a fresh tiny model on the teacher's episodes", "11a · The text-game speedrun"),
+        ("rl", "RL on the win alone with the reference trainer (the chosen algorithm)", "11a · The text-game speedrun"),
+        ("eval", "greedy episodes on held-out games, the baselines beside them", "11a · The text-game speedrun"),
     ],
     "full": [
         ("preflight", "GPU count and memory, CUDA driver, disk, Python", "14 · verl launch and dry run"),
@@ -73,7 +80,8 @@ def parser() -> argparse.ArgumentParser:
     tiny = ap.add_argument_group("tiny scale (the CPU speedrun); defaults as in agent_r1_tutorial.speedrun")
     ap.add_argument("--task", choices=TASKS, default="search",
                     help="search (default): questions about generated worlds on a CPU, HotpotQA on a GPU box; arith: "
-                    "word problems with a calculator (CPU); alfworld: ALFWorld's household games (GPU box)")
+                    "word problems with a calculator (CPU); textworld: TextWorld's coin-collector games (CPU); "
+                    "alfworld: ALFWorld's household games (GPU box)")
     tiny.add_argument("--retriever", choices=RETRIEVERS, default="dense",
                       help="dense: FAISS over all-MiniLM-L6-v2 embeddings (default); bm25")
     tiny.add_argument("--preset", choices=PRESETS, default="tiny",
@@ -180,7 +188,7 @@ def run(args, scale: str) -> int:
     print(f"speedrun: scale={scale} task={args.task} algorithm={args.algorithm} seed={args.seed}"
           f"{' (dry run)' if args.dry_run else ''}\nrun folder: {run_dir}")
     rows, missing = [], []
-    for name, what, chapter in STAGES[scale]:
+    for name, what, chapter in STAGES["textworld" if scale == "tiny" and args.task == "textworld" else scale]:
         if scale == "tiny" and name == "rl" and args.engine == "verl":
             what, chapter = "RL with verl's own trainer (Ray, FSDP, our agent loop) on this CPU", "15 · verl on a CPU"
         fn = BUILT.get(f"{scale}/{name}")
@@ -246,6 +254,11 @@ def tiny_config(args):
     from agent_r1_tutorial.speedrun import SpeedrunConfig
 
     try:
+        if args.task == "textworld":
+            from agent_r1_tutorial.gamerun import GameRunConfig
+
+            return GameRunConfig.from_sets(args.tiny_set, args.preset, algorithm=args.algorithm, seed=args.seed,
+                                           threads=args.threads)
         return SpeedrunConfig.from_sets(args.tiny_set, args.preset, task=args.task, algorithm=args.algorithm,
                                         seed=args.seed, retriever=args.retriever, threads=args.threads)
     except (ValueError, TypeError) as e:
@@ -263,6 +276,8 @@ def tiny_stage(name: str):
 
         hf_logging.disable_progress_bar()  # the stages draw their own bars; no "Writing model shards" ones
         cfg = tiny_config(args)
+        if args.task == "textworld":
+            return game_stage(name, cfg, Path(run_dir))
         key = json.dumps(cfg.__dict__, sort_keys=True, default=list)
         if key not in _SUITES:
             _SUITES[key] = build_suite(cfg)
@@ -288,6 +303,23 @@ def tiny_stage(name: str):
             return f"done {took}: held-out EM {ems}"
         return f"done {took}"
     return stage
+
+
+def game_stage(name: str, cfg, run_dir: Path) -> str:
+    "One stage of the text-game speedrun (chapter 11a), with its time and, after SFT and eval, the held-out win."
+    from agent_r1_tutorial.gamerun import run_gamerun
+
+    if name == "data" and (run_dir / "config.json").exists():
+        print(f"  resuming the unfinished run in {run_dir}")
+    try:
+        evals = run_gamerun(cfg, run_dir, stages=[name])
+    except ValueError as e:
+        raise SystemExit(f"error: {e}")
+    took = f"({json.loads((run_dir / 'stages.json').read_text()).get(name, 0):.0f} s)"
+    key = {"sft": "sft", "eval": "final"}.get(name)
+    if key and key in evals:
+        return f"done {took}: held-out win {evals[key]['win']:.2f}"
+    return f"done {took}"
 
 
 def verl_rl(cfg, run_dir: Path, suite) -> str:
@@ -597,7 +629,7 @@ def main(argv=None) -> int:
         print("yes" if scale == "full" or args.engine == "verl" else "no")
         return 0
     if args.print_needs_games:  # speedrun.sh: install the text-game packages (TextWorld, ALFWorld) first?
-        print("yes" if args.task == "alfworld" else "no")
+        print("yes" if args.task in ("alfworld", "textworld") else "no")
         return 0
     if args.preflight_only:  # speedrun.sh, before the GPU environment exists (standard library only)
         return 0 if full_preflight(None, args, gate=True) != "FAILED" else 1

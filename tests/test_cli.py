@@ -76,7 +76,7 @@ def test_setup_rejects_unknown_profile():
 
 
 @pytest.mark.parametrize("args, msg", [
-    (["--task", "chess"], "invalid choice: 'chess' (choose from 'search', 'arith', 'alfworld')"),
+    (["--task", "chess"], "invalid choice: 'chess' (choose from 'search', 'arith', 'textworld', 'alfworld')"),
     (["--retriever", "google"], "invalid choice: 'google'"),
     (["--preset", "huge"], "invalid choice: 'huge'"),
     (["--threads", "0"], "--threads must be a positive integer"),
@@ -121,6 +121,46 @@ def test_speedrun_tiny_end_to_end(tmp_path):
                          timeout=1800)
     assert code == 0, out + err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny-search-grpo-s0-ci", "tiny-search-grpo-s0-ci-2"]
+
+
+def test_speedrun_textworld_end_to_end(tmp_path):
+    "The text-game speedrun's CI preset through the README command, its report card, and a new game played by its agent."
+    code, out, err = run(["speedrun.sh", "--task", "textworld", "--preset", "ci", "--out", str(tmp_path)], timeout=1800)
+    assert code == 0, out + err
+    (run_dir,) = tmp_path.iterdir()
+    assert run_dir.name == "tiny-textworld-grpo-s0-ci"
+    for stage in ("data", "sft", "rl", "eval"):
+        assert f"  {stage} " in out and (run_dir / f".{stage}.done").exists(), (stage, out)
+    assert "held-out win" in out and "11a · The text-game speedrun" in out and "NOT BUILT YET" not in out
+    report = (run_dir / "report.md").read_text()
+    for row in ("## Held-out games", "the dawdling teacher", "the optimal expert", "SFT alone", "SFT + RL",
+                "## Win rate by level", "plots/win_by_level.png", "| all |"):
+        assert row in report, row
+    res = subprocess.run([sys.executable, "scripts/chat_tiny.py", str(run_dir), "--level", "2", "--world", "3"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0 and "never seen in training" in res.stdout, res
+    assert "[agent, turn 1]" in res.stdout and "--> " in res.stdout and "Traceback" not in res.stderr
+    res = subprocess.run([sys.executable, "scripts/chat_tiny.py", str(run_dir), "--level", "0"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 2 and "--level must be an integer from 1 to 300" in res.stderr, res
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--algorithms", "grpo,dqn"], "--algorithms takes a comma list of"),
+    (["--seeds", "0,x"], "--seeds takes a comma list of non-negative ints"),
+    (["--seeds", "-1"], "--seeds takes a comma list of non-negative ints"),
+])
+def test_bench_gamerun_rejects_bad_input(args, msg, tmp_path):
+    res = subprocess.run([sys.executable, "scripts/bench_gamerun.py", "--out", str(tmp_path), *args], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and msg in res.stderr and "Traceback" not in res.stderr, res
+    assert not any(tmp_path.iterdir())
+
+
+def test_bench_gamerun_names_a_bad_field(tmp_path):
+    res = subprocess.run([sys.executable, "scripts/bench_gamerun.py", "--out", str(tmp_path), "--set", "dawdle=2"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1 and "dawdle must be in [0, 1)" in res.stderr and "Traceback" not in res.stderr, res
 
 
 def test_chat_tiny_reads_the_tokenizer_as_trained(tmp_path):
