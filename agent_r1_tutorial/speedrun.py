@@ -30,12 +30,12 @@ from .worlds import *  # the worlds, questions, search environments and experts 
 
 # %% auto #0
 __all__ = ['TASKS', 'TOKENIZER_SPACES', 'RETRIEVERS', 'DRILL_KINDS', 'TASK_DEFAULTS', 'COPY_ENOUGH', 'STAGE_NAMES', 'RL_FIELDS',
-           'SpeedrunConfig', 'parse_set_value', 'Suite', 'build_suite', 'expert_trajectories', 'build_tokenizer',
-           'longest_turn', 'check_turn_budget', 'sft_loss', 'pretrain_batches', 'search_drill', 'arith_drill',
-           'collate_drills', 'drill_batches', 'copy_accuracy', 'copy_check_kinds', 'copy_signal', 'sft_batches',
-           'episode_preambles', 'in_context', 'train_lm', 'episode_record', 'evaluate_agent', 'rl_trainer_config',
-           'rl_signal', 'run_speedrun', 'plot_run', 'em_timeline', 'plot_em_over_time', 'write_report',
-           'fork_after_sft', 'episode_html', 'trajectory_browser', 'fresh_world', 'ask']
+           'SpeedrunConfig', 'parse_set_value', 'parse_sets', 'Suite', 'build_suite', 'expert_trajectories',
+           'build_tokenizer', 'longest_turn', 'check_turn_budget', 'sft_loss', 'pretrain_batches', 'search_drill',
+           'arith_drill', 'collate_drills', 'drill_batches', 'copy_accuracy', 'copy_check_kinds', 'copy_signal',
+           'sft_batches', 'episode_preambles', 'in_context', 'train_lm', 'episode_record', 'evaluate_agent',
+           'rl_trainer_config', 'rl_signal', 'run_speedrun', 'plot_run', 'em_timeline', 'plot_em_over_time',
+           'write_report', 'fork_after_sft', 'episode_html', 'trajectory_browser', 'fresh_world', 'ask']
 
 # %% ../nbs/11_speedrun.ipynb #cf99d7b3
 TASKS = ("search", "arith")
@@ -195,6 +195,21 @@ def parse_set_value(v: str):
         return v
 
 
+def parse_sets(
+    sets: Sequence[str],  # "KEY=VALUE" strings, as given to --set
+    tuple_fields: Sequence[str] = (),  # fields that hold a tuple: a single integer becomes a one-item tuple
+) -> dict:
+    "The `--set KEY=VALUE` strings as a dict of field values; a string without `=` or a key names itself."
+    over = {}
+    for s in sets:
+        key, eq, value = str(s).partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"--set needs KEY=VALUE, got {s!r}")
+        v = parse_set_value(value)
+        over[key.strip()] = (v,) if key.strip() in tuple_fields and isinstance(v, int) else v
+    return over
+
+
 @patch(cls_method=True)
 def from_sets(
     cls: SpeedrunConfig,
@@ -203,14 +218,7 @@ def from_sets(
     **fields,  # fields set by the caller's own options (a --set of the same field wins)
 ) -> SpeedrunConfig:
     "A configuration from a preset, the caller's fields and `--set KEY=VALUE` overrides; bad input names itself."
-    over = {}
-    for s in sets:
-        key, eq, value = str(s).partition("=")
-        if not eq or not key.strip():
-            raise ValueError(f"--set needs KEY=VALUE, got {s!r}")
-        v = parse_set_value(value)
-        over[key.strip()] = (v,) if key.strip() in _TUPLE_FIELDS and isinstance(v, int) else v
-    return cls.preset(preset, **{**fields, **over})
+    return cls.preset(preset, **{**fields, **parse_sets(sets, _TUPLE_FIELDS)})
 
 # %% ../nbs/11_speedrun.ipynb #82d0fab0
 @dataclass
