@@ -9,7 +9,8 @@ initialisation. Every other algorithm then starts from that run's SFT model (`fo
 GRPO used as its budget (`rl_seconds`), so the algorithms are compared at equal compute. Targets: on the levels SFT alone
 wins at most half of, held-out win after RL >= 0.8, for every seed, in <= 20 minutes for all stages on 2 CPU cores.
 Any GameRunConfig field can be changed with --set KEY=VALUE. Runs resume: a killed benchmark started again with the
-same --out continues where it stopped.
+same --out continues where it stopped. --sft-from DIR takes each seed's data and SFT stages from an earlier benchmark's
+first runs (their times included), for RL settings measured from the same starts.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import argparse
 import json
 import statistics
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,8 +34,9 @@ def _seeds(s: str) -> list[int]:
     return seeds
 
 
-def _mean_std(xs: list[float]) -> str:
-    return f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs):.3f}" if len(xs) > 1 else f"{xs[0]:.3f}"
+def _mean_std(xs: list[float], digits: int = 3) -> str:
+    m = statistics.mean(xs)
+    return f"{m:.{digits}f} ± {statistics.stdev(xs):.{digits}f}" if len(xs) > 1 else f"{m:.{digits}f}"
 
 
 def main(argv=None) -> int:
@@ -46,10 +49,12 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--out", default=str(ROOT / "runs" / "bench-gamerun"), help="run folders and bench.md go here")
     ap.add_argument("--quiet", action="store_true", help="no per-step lines")
+    ap.add_argument("--sft-from", default=None, metavar="DIR",
+                    help="an earlier --out: each seed's first run starts from its SFT model (RL settings may differ)")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    from agent_r1_tutorial.gamerun import (GameRunConfig, fork_game_run, rl_step_costs, run_gamerun, weak_levels,
-                                           win_on)
+    from agent_r1_tutorial.gamerun import (RL_FIELDS, GameRunConfig, fork_game_run, rl_step_costs, run_gamerun,
+                                           weak_levels, win_on)
     from agent_r1_tutorial.trainer import ALGORITHMS
 
     algos = [a.strip() for a in args.algorithms.split(",") if a.strip()]
@@ -64,6 +69,18 @@ def main(argv=None) -> int:
         except (ValueError, TypeError) as e:
             raise SystemExit(f"error: {e}")
         first = out / f"{algos[0]}-s{seed}"
+        if args.sft_from and not first.exists():
+            src = Path(args.sft_from) / f"{algos[0]}-s{seed}"
+            if not (src / "config.json").exists():
+                raise SystemExit(f"error: --sft-from {args.sft_from}: no run {src.name} to start seed {seed} from")
+            old, new = json.loads((src / "config.json").read_text()), json.loads(json.dumps(asdict(cfg)))
+            bad = sorted(k for k in new if k not in RL_FIELDS and new[k] != old.get(k))
+            if bad:  # a fork keeps the source's data and SFT settings: they must be the ones asked for
+                raise SystemExit(f"error: --sft-from {args.sft_from}: {src.name} was trained with other settings {bad}")
+            try:
+                fork_game_run(src, first, **{k: new[k] for k in RL_FIELDS if new[k] != old.get(k)})
+            except ValueError as e:  # no finished SFT stage there
+                raise SystemExit(f"error: --sft-from {args.sft_from}: {e}")
         ev = run_gamerun(cfg, first, progress=not args.quiet)
         times = json.loads((first / "stages.json").read_text())
         weak = weak_levels(ev["sft"]["win_by_level"])
@@ -110,7 +127,8 @@ def main(argv=None) -> int:
         rs = [r for r in rows if r["algorithm"] == algo]
         lines.append(f"| {algo} | {_mean_std([r['win'] for r in rs])} | {_mean_std([r['final_weak'] for r in rs])} | "
                      f"{_mean_std([r['final_weak'] - r['sft_weak'] for r in rs])} | "
-                     f"{_mean_std([float(r['rl_steps']) for r in rs])} | {_mean_std([r['rl_seconds'] for r in rs])} |")
+                     f"{_mean_std([float(r['rl_steps']) for r in rs], 1)} | "
+                     f"{_mean_std([r['rl_seconds'] for r in rs], 0)} |")
     lines += ["", "What an RL step cost (mean over steps and seeds):", "",
               "| algorithm | seconds per step | of which rollout | of which update | rows per update |",
               "|---|---|---|---|---|"]

@@ -1,4 +1,5 @@
 """The two README commands (and the set-up under them) answer bad input with a clear message, never a traceback."""
+import json
 import os
 import shutil
 import subprocess
@@ -161,6 +162,28 @@ def test_bench_gamerun_names_a_bad_field(tmp_path):
     res = subprocess.run([sys.executable, "scripts/bench_gamerun.py", "--out", str(tmp_path), "--set", "dawdle=2"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 1 and "dawdle must be in [0, 1)" in res.stderr and "Traceback" not in res.stderr, res
+
+
+def test_bench_gamerun_starts_rl_from_an_earlier_sft(tmp_path):
+    "--sft-from reuses each seed's data and SFT stages, refuses other SFT settings, and names a missing run."
+    def bench(out, *args):
+        cmd = [sys.executable, "scripts/bench_gamerun.py", "--preset", "ci", "--seeds", "0", "--algorithms", "grpo",
+               "--quiet", "--out", str(tmp_path / out), *args]
+        return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+
+    res = bench("a")
+    assert res.returncode == 0 and "seed 0 grpo" in res.stdout, res
+    res = bench("b", "--sft-from", str(tmp_path / "a"), "--set", "rl_steps=3")
+    assert res.returncode == 0, res
+    a, b = (json.loads((tmp_path / d / "bench.json").read_text())[0] for d in ("a", "b"))
+    assert (a["rl_steps"], b["rl_steps"]) == (2, 3) and a["sft_win"] == b["sft_win"]
+    stages = lambda d: json.loads((tmp_path / d / "grpo-s0" / "stages.json").read_text())
+    assert stages("b")["sft"] == stages("a")["sft"]  # the SFT stage was copied, not run again
+    res = bench("c", "--sft-from", str(tmp_path / "a"), "--set", "dawdle=0.5")
+    assert res.returncode == 1 and "trained with other settings ['dawdle']" in res.stderr, res
+    res = bench("d", "--sft-from", str(tmp_path / "nothing"))
+    assert res.returncode == 1 and "no run grpo-s0 to start seed 0 from" in res.stderr, res
+    assert not (tmp_path / "c").exists() and not (tmp_path / "d").exists()
 
 
 def test_chat_tiny_reads_the_tokenizer_as_trained(tmp_path):
