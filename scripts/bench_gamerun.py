@@ -53,8 +53,8 @@ def main(argv=None) -> int:
                     help="an earlier --out: each seed's first run starts from its SFT model (RL settings may differ)")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    from agent_r1_tutorial.gamerun import (RL_FIELDS, GameRunConfig, fork_game_run, rl_step_costs, run_gamerun,
-                                           weak_levels, win_on)
+    from agent_r1_tutorial.gamerun import (GameRunConfig, fork_game_run, rl_step_costs, run_gamerun, weak_levels,
+                                           win_on)
     from agent_r1_tutorial.trainer import ALGORITHMS
 
     algos = [a.strip() for a in args.algorithms.split(",") if a.strip()]
@@ -74,13 +74,10 @@ def main(argv=None) -> int:
             if not (src / "config.json").exists():
                 raise SystemExit(f"error: --sft-from {args.sft_from}: no run {src.name} to start seed {seed} from")
             old, new = json.loads((src / "config.json").read_text()), json.loads(json.dumps(asdict(cfg)))
-            bad = sorted(k for k in new if k not in RL_FIELDS and new[k] != old.get(k))
-            if bad:  # a fork keeps the source's data and SFT settings: they must be the ones asked for
-                raise SystemExit(f"error: --sft-from {args.sft_from}: {src.name} was trained with other settings {bad}")
-            try:
-                fork_game_run(src, first, **{k: new[k] for k in RL_FIELDS if new[k] != old.get(k)})
-            except ValueError as e:  # no finished SFT stage there
-                raise SystemExit(f"error: --sft-from {args.sft_from}: {e}")
+            try:  # fork_game_run refuses a change outside RL (the source's data and SFT must be the ones asked for)
+                fork_game_run(src, first, **{k: v for k, v in new.items() if v != old.get(k)})
+            except ValueError as e:
+                raise SystemExit(f"error: --sft-from {args.sft_from}: {src.name}: {e}")
         ev = run_gamerun(cfg, first, progress=not args.quiet)
         times = json.loads((first / "stages.json").read_text())
         weak = weak_levels(ev["sft"]["win_by_level"])

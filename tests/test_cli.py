@@ -180,7 +180,8 @@ def test_bench_gamerun_starts_rl_from_an_earlier_sft(tmp_path):
     stages = lambda d: json.loads((tmp_path / d / "grpo-s0" / "stages.json").read_text())
     assert stages("b")["sft"] == stages("a")["sft"]  # the SFT stage was copied, not run again
     res = bench("c", "--sft-from", str(tmp_path / "a"), "--set", "dawdle=0.5")
-    assert res.returncode == 1 and "trained with other settings ['dawdle']" in res.stderr, res
+    assert res.returncode == 1 and "a fork changes RL settings only" in res.stderr, res
+    assert "not ['dawdle']" in res.stderr, res
     res = bench("d", "--sft-from", str(tmp_path / "nothing"))
     assert res.returncode == 1 and "no run grpo-s0 to start seed 0 from" in res.stderr, res
     assert not (tmp_path / "c").exists() and not (tmp_path / "d").exists()
