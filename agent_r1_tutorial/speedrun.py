@@ -22,6 +22,7 @@ from fastcore.basics import patch
 
 from .core import MetricsLogger, env_report, env_report_md, read_jsonl, seed_everything
 from .tinylm import train_tokenizer, tiny_qwen2
+from .mdp import Step, Trajectory
 from .masks import growing_layout, collate
 from .envs import ToolEnv
 from .rollout import HFBackend, ScriptedBackend, SamplingParams
@@ -33,9 +34,10 @@ __all__ = ['TASKS', 'TOKENIZER_SPACES', 'RETRIEVERS', 'DRILL_KINDS', 'TASK_DEFAU
            'SpeedrunConfig', 'parse_set_value', 'parse_sets', 'Suite', 'build_suite', 'expert_trajectories',
            'build_tokenizer', 'longest_turn', 'check_turn_budget', 'sft_loss', 'pretrain_batches', 'search_drill',
            'arith_drill', 'collate_drills', 'drill_batches', 'copy_accuracy', 'copy_check_kinds', 'copy_signal',
-           'sft_batches', 'episode_preambles', 'in_context', 'train_lm', 'episode_record', 'evaluate_agent',
-           'rl_trainer_config', 'rl_signal', 'run_speedrun', 'plot_run', 'em_timeline', 'plot_em_over_time',
-           'write_report', 'fork_after_sft', 'episode_html', 'trajectory_browser', 'fresh_world', 'ask']
+           'sft_batches', 'rename_entities', 'episode_preambles', 'in_context', 'train_lm', 'episode_record',
+           'evaluate_agent', 'rl_trainer_config', 'rl_signal', 'run_speedrun', 'plot_run', 'em_timeline',
+           'plot_em_over_time', 'write_report', 'fork_after_sft', 'episode_html', 'trajectory_browser', 'fresh_world',
+           'ask']
 
 # %% ../nbs/11_speedrun.ipynb #cf99d7b3
 TASKS = ("search", "arith")
@@ -44,8 +46,8 @@ RETRIEVERS = ("dense", "bm25")
 DRILL_KINDS = (0, 1, 2, 3)  # the search drills `search_drill` writes
 # where a task's tiny run departs from the fields' defaults (the search recipe): the calculator task was measured
 # with these (section 9), and neither its plan nor its flawed expert exists
-TASK_DEFAULTS = {"arith": dict(drill_steps=500, drill_lr=None, sft_steps=1300, sft_lr=3e-3, rl_steps=4, rl_lr=2e-5,
-                                rl_eval_every=2)}
+TASK_DEFAULTS = {"arith": dict(sft_rename=0.0, drill_steps=500, drill_lr=None, sft_steps=1300, sft_lr=3e-3, rl_steps=4,
+                                rl_lr=2e-5, rl_eval_every=2)}
 
 # %% ../nbs/11_speedrun.ipynb #6a5be72f
 @dataclass
@@ -86,11 +88,12 @@ class SpeedrunConfig:
     drill_kinds: tuple = (0, 1, 2, 3)  # search drills: 0 query, 1 quoted sentence, 2 answer, 3 the object of a quote
     context_drill_steps: int = 0  # then drills after an episode's opening, at sft_lr (section 4)
     sft_steps: int = 2000  # the same linear decay over 1,300 steps left seed 1 quoting the wrong sentence
+    sft_rename: float = 1.0  # search: the share of SFT episodes replayed with fresh names each time (section 4)
     sft_batch: int = 16
     sft_lr: float = 1e-3  # 3e-3 undid what the drills taught (section 10)
     drill_lr: float | None = 3e-3  # the warm-ups' learning rate (None: sft_lr)
     # --- RL
-    rl_steps: int = 20  # two-hop EM levels off by step 10-20; later steps at a constant rate were not stable
+    rl_steps: int = 10  # two-hop EM reaches its level by step 10; later steps at a constant rate were not stable
     prompts_per_step: int = 16
     group_size: int = 8
     rl_lr: float = 1e-4  # 2e-4 undid SFT: held-out EM fell 6-13 points in 10 steps
@@ -101,7 +104,7 @@ class SpeedrunConfig:
     max_turns: int = 4
     filter_groups: bool = True  # update only on groups whose rewards differ (critic-free algorithms, no KL; chapter 10)
     bypass_mode: bool = True  # the sampler's log-probs are the old ones (exact here: the sampler is the policy)
-    rl_eval_every: int = 10  # RL steps between held-out evaluations (0: only at the end, in the eval stage)
+    rl_eval_every: int = 5  # RL steps between held-out evaluations (0: only at the end, in the eval stage)
     # --- bookkeeping
     eval_every: int = 650  # SFT steps between held-out evaluations (0: only at the end)
     save_every: int = 100  # SFT steps (and RL steps / 10) between checkpoints
@@ -123,7 +126,7 @@ class SpeedrunConfig:
             v = getattr(self, name)
             if not v or any(h not in (1, 2) for h in v):
                 raise ValueError(f"{name} must be a non-empty selection of 1 and 2, got {v!r}")
-        for name in ("sft_two_hop_share", "sft_two_hop_stop"):
+        for name in ("sft_two_hop_share", "sft_two_hop_stop", "sft_rename"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v <= 1:
                 raise ValueError(f"{name} must be a number from 0 to 1, got {v!r}")
@@ -151,6 +154,9 @@ class SpeedrunConfig:
         if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
             raise ValueError(f"hidden_size ({self.hidden_size}) must divide by num_heads ({self.num_heads}), which must "
                              f"divide by num_kv_heads ({self.num_kv_heads})")
+        if self.sft_rename and self.task != "search":
+            raise ValueError(f"sft_rename renames the names of the search task's worlds; task {self.task!r} has none "
+                             "(set it to 0)")
         if self.drill_lr is not None and not (isinstance(self.drill_lr, (int, float)) and self.drill_lr > 0):
             raise ValueError(f"drill_lr must be a positive number or None, got {self.drill_lr!r}")
         for name in ("filter_groups", "bypass_mode", "think", "drill_fresh", "plan", "quote_names"):
@@ -469,14 +475,53 @@ def copy_signal(drill_log: Sequence[dict], least: float = COPY_ENOUGH) -> str | 
             "raise the figure)")
 
 # %% ../nbs/11_speedrun.ipynb #8037c737
-def sft_batches(rows: Sequence[dict], pad_id: int, batch_size: int, rng: random.Random):
+def sft_batches(
+    rows: Sequence[dict],
+    pad_id: int,
+    batch_size: int,
+    rng: random.Random,
+    augment: Callable[[int, random.Random], dict] | None = None,  # row i as it is drawn this time (`rename_entities`)
+):
     "Endless SFT batches from length buckets (rows made by `growing_layout`)."
     if not rows:
         raise ValueError("no SFT rows: the expert produced no successful episode")
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]["prompt_ids"]) + len(rows[i]["response_ids"]))
     buckets = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     while True:
-        yield collate([rows[i] for i in rng.choice(buckets)], pad_id)
+        picked = rng.choice(buckets)
+        yield collate([rows[i] for i in picked] if augment is None else [augment(i, rng) for i in picked], pad_id)
+
+# %% ../nbs/11_speedrun.ipynb #58fec49b
+def rename_entities(
+    traj,  # an expert episode on `world`, as recorded (`Trajectory`, append-only)
+    world: World,  # the world the episode was played in
+    tokenizer,
+    rng: random.Random,
+    banned: set[str] | frozenset = frozenset(),  # names and name words the new names must not use (held-out ones)
+):
+    "The same episode in a world of fresh names: every name of `world` in it replaced, the same way everywhere."
+    new = make_world(rng, len(world.people), len(world.orgs), len(world.cities), banned=set(banned) | world.names())
+    names = dict(zip(world.people, new.people)) | dict(zip(world.orgs, new.orgs)) | dict(zip(world.cities, new.cities))
+    names |= dict(zip(world.river.values(), new.river.values()))
+    # whole names, longest first, so that no name is replaced inside another
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(names, key=len, reverse=True))) + r")\b")
+    swap = lambda text: pattern.sub(lambda m: names[m.group(1)], text)
+    prompt = tokenizer.decode(traj.prompt_ids)
+    if not pattern.search(prompt):
+        raise ValueError("the episode's question names nothing of `world`: pass the world it was played in")
+    # re-encoded piece by piece, as the loop encoded them, so the layout's masks stay right (in one call: it is fast)
+    pieces = [traj.prompt_ids] + [ids for s in traj.steps for ids in (s.action_ids, s.env_ids)]
+    enc = tokenizer([swap(prompt)] + [swap(tokenizer.decode(ids)) for ids in pieces[1:]], add_special_tokens=False)
+    enc = enc["input_ids"]
+    context, steps = enc[0], []
+    for k, s in enumerate(traj.steps):
+        action, env = enc[1 + 2 * k], enc[2 + 2 * k]
+        steps.append(Step(obs_ids=context, action_ids=action, action_logprobs=[0.0] * len(action), env_ids=env,
+                          action_text=tokenizer.decode(action), feedback=swap(s.feedback), reward=s.reward,
+                          terminated=s.terminated, truncated=s.truncated, reason=s.reason))
+        context = context + action + env
+    return Trajectory(steps, outcome_reward=traj.outcome_reward, group=traj.group,
+                      metadata={**traj.metadata, "renamed": names})
 
 # %% ../nbs/11_speedrun.ipynb #2ebff41a
 def episode_preambles(trajectories: Sequence, tokenizer, n: int = 64, seed: int = 0) -> list[str]:
@@ -655,14 +700,17 @@ class _Run:
         (self.dir / "eval.json").write_text(json.dumps(self.evals, indent=1))
 
 
+_BEFORE_FIELD = {"sft_rename": 0.0}  # fields whose default changed what a run does: a run from before them did this
+
+
 def _open_run(cfg: SpeedrunConfig, run_dir: Path, suite: Suite | None, progress: bool) -> _Run:
     "Create or resume the run folder (refusing one with another configuration); seed; read what is done."
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg_file = run_dir / "config.json"
     if cfg_file.exists():
         new = json.loads(json.dumps(asdict(cfg)))
-        # a field added to SpeedrunConfig after the run started had its default value then
-        old = {**json.loads(json.dumps(asdict(SpeedrunConfig()))), **json.loads(cfg_file.read_text())}
+        # a field added to SpeedrunConfig after the run started had its default value then, or what it did before
+        old = {**json.loads(json.dumps(asdict(SpeedrunConfig()))), **_BEFORE_FIELD, **json.loads(cfg_file.read_text())}
         if old != new:
             diff = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
             raise ValueError(f"{run_dir} holds a run with another configuration (differs in {diff}); "
@@ -706,25 +754,39 @@ def _warm_ups(r: _Run, model, demos: Sequence = ()):
     "Optional language-model pre-training on the passages, then the copying drills (with the copy check)."
     cfg, tok = r.cfg, r.tok
     drill, drill_check = r.suite.drill, r.suite.drill_check
+    # each round's batches come from the generator train_lm checkpoints, so that a resumed round goes on where it was
     if cfg.pretrain_steps:
-        train_lm(model, pretrain_batches(tok, r.suite.passages, cfg.pretrain_batch, random.Random(cfg.seed)),
-                 cfg.pretrain_steps, cfg.drill_lr or cfg.sft_lr, "pretrain", r.dir, cfg.save_every, progress=r.progress,
-                 rng=random.Random(cfg.seed))
+        rng = random.Random(cfg.seed)
+        train_lm(model, pretrain_batches(tok, r.suite.passages, cfg.pretrain_batch, rng), cfg.pretrain_steps,
+                 cfg.drill_lr or cfg.sft_lr, "pretrain", r.dir, cfg.save_every, progress=r.progress, rng=rng)
     if drill is None:
         return
     if cfg.drill_steps:
-        hist = train_lm(model, drill_batches(tok, drill, cfg.drill_batch, random.Random(cfg.seed + 2)),
-                        cfg.drill_steps, cfg.drill_lr or cfg.sft_lr, "drill", r.dir, cfg.save_every,
-                        eval_fn=_copy_check(model, tok, drill_check, cfg.seed), progress=r.progress,
-                        rng=random.Random(cfg.seed + 2))
+        rng = random.Random(cfg.seed + 2)
+        hist = train_lm(model, drill_batches(tok, drill, cfg.drill_batch, rng), cfg.drill_steps,
+                        cfg.drill_lr or cfg.sft_lr, "drill", r.dir, cfg.save_every,
+                        eval_fn=_copy_check(model, tok, drill_check, cfg.seed), progress=r.progress, rng=rng)
         if r.progress and (msg := copy_signal(hist)):
             print(f"note: {msg}")
     if cfg.context_drill_steps:  # the same drills, each after an expert episode's opening, at SFT's gentler rate
         opening = episode_preambles(demos, tok, seed=cfg.seed)
         check = _copy_check(model, tok, drill_check and in_context(drill_check, opening), cfg.seed)
-        train_lm(model, drill_batches(tok, in_context(drill, opening), cfg.drill_batch, random.Random(cfg.seed + 4)),
-                 cfg.context_drill_steps, cfg.sft_lr, "context_drill", r.dir, cfg.save_every, eval_fn=check,
-                 progress=r.progress, rng=random.Random(cfg.seed + 4))
+        rng = random.Random(cfg.seed + 4)
+        train_lm(model, drill_batches(tok, in_context(drill, opening), cfg.drill_batch, rng), cfg.context_drill_steps,
+                 cfg.sft_lr, "context_drill", r.dir, cfg.save_every, eval_fn=check, progress=r.progress, rng=rng)
+
+
+def _renamer(r: _Run, demos: Sequence, rows: Sequence[dict]) -> Callable[[int, random.Random], dict]:
+    "`sft_batches`' augment: a share `sft_rename` of the rows it draws replayed with fresh names (`rename_entities`)."
+    worlds = r.suite.train_env.worlds
+    held = frozenset().union(*(w.names() for w in r.suite.eval_env.worlds))
+
+    def augment(i: int, rng: random.Random) -> dict:
+        if rng.random() >= r.cfg.sft_rename:
+            return rows[i]
+        t = demos[i]
+        return growing_layout(rename_entities(t, worlds[t.metadata["task"]["world"]], r.tok, rng, held))
+    return augment
 
 
 def _sft_stage(r: _Run):
@@ -733,13 +795,15 @@ def _sft_stage(r: _Run):
     demos = expert_trajectories(r.suite, tok)
     check_turn_budget(demos, cfg.max_new_tokens)
     rows = [growing_layout(t) for t in demos]
+    augment = _renamer(r, demos, rows) if cfg.sft_rename else None
     model = tiny_qwen2(tok, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers, seed=cfg.seed,
                        num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads)
     _warm_ups(r, model, demos)
     sft_eval = lambda: {k: v for k, v in r.ev(model)[0].items() if k.startswith(("em/", "after_2_searches/"))}
-    train_lm(model, sft_batches(rows, tok.pad_token_id, cfg.sft_batch, random.Random(cfg.seed + 1)), cfg.sft_steps,
-             cfg.sft_lr, "sft", r.dir, cfg.save_every, eval_fn=sft_eval if cfg.eval_every else None,
-             eval_every=cfg.eval_every, progress=r.progress, rng=random.Random(cfg.seed + 1))
+    rng = random.Random(cfg.seed + 1)  # the batches' generator, which train_lm checkpoints: a resumed run goes on
+    train_lm(model, sft_batches(rows, tok.pad_token_id, cfg.sft_batch, rng, augment), cfg.sft_steps, cfg.sft_lr, "sft",
+             r.dir, cfg.save_every, eval_fn=sft_eval if cfg.eval_every else None, eval_every=cfg.eval_every,
+             progress=r.progress, rng=rng)
     model.save_pretrained(r.dir / "sft_model")
     tok.save_pretrained(r.dir / "sft_model")
     r.evals["sft"], _ = r.ev(model)
