@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import random
@@ -32,12 +33,12 @@ from .worlds import *  # the worlds, questions, search environments and experts 
 # %% auto #0
 __all__ = ['TASKS', 'TOKENIZER_SPACES', 'RETRIEVERS', 'DRILL_KINDS', 'TASK_DEFAULTS', 'COPY_ENOUGH', 'STAGE_NAMES', 'RL_FIELDS',
            'SpeedrunConfig', 'parse_set_value', 'parse_sets', 'Suite', 'build_suite', 'expert_trajectories',
-           'build_tokenizer', 'longest_turn', 'check_turn_budget', 'sft_loss', 'pretrain_batches', 'search_drill',
-           'arith_drill', 'collate_drills', 'drill_batches', 'copy_accuracy', 'copy_check_kinds', 'copy_signal',
-           'sft_batches', 'rename_entities', 'episode_preambles', 'in_context', 'train_lm', 'episode_record',
-           'evaluate_agent', 'rl_trainer_config', 'rl_signal', 'run_speedrun', 'plot_run', 'em_timeline',
-           'plot_em_over_time', 'write_report', 'fork_after_sft', 'episode_html', 'trajectory_browser', 'fresh_world',
-           'ask']
+           'build_tokenizer', 'longest_turn', 'check_turn_budget', 'sft_loss', 'lm_loss', 'pretrain_batches',
+           'search_drill', 'arith_drill', 'collate_drills', 'drill_batches', 'copy_accuracy', 'copy_check_kinds',
+           'copy_signal', 'sft_batches', 'episode_texts', 'rename_entities', 'episode_preambles', 'in_context',
+           'train_lm', 'episode_record', 'evaluate_agent', 'rl_trainer_config', 'rl_signal', 'run_speedrun', 'plot_run',
+           'em_timeline', 'plot_em_over_time', 'write_report', 'fork_after_sft', 'episode_html', 'trajectory_browser',
+           'fresh_world', 'ask']
 
 # %% ../nbs/11_speedrun.ipynb #cf99d7b3
 TASKS = ("search", "arith")
@@ -344,17 +345,33 @@ def check_turn_budget(trajs: Sequence, max_new_tokens: int):
                          f"would be cut off mid-turn on every such step; set max_new_tokens to at least {n}")
 
 # %% ../nbs/11_speedrun.ipynb #0b54beb3
+def _hidden_states(model, **inputs) -> torch.Tensor:
+    "A causal LM's last hidden states, without a KV cache (a training forward never reuses one)."
+    return model.get_decoder()(**inputs, use_cache=False).last_hidden_state
+
+
 def sft_loss(model, batch: dict) -> torch.Tensor:
     "Mean cross-entropy over the tokens `response_mask` selects (the agent's own)."
-    R = batch["responses"].shape[1]
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                   position_ids=batch["position_ids"]).logits[:, -R - 1:-1].float()
-    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch["responses"].reshape(-1),
-                                           reduction="none").view_as(batch["responses"].float())
-    mask = batch["response_mask"].float()
-    if mask.sum() == 0:
+    mask = batch["response_mask"].bool()
+    if not mask.any():
         raise ValueError("response_mask selects no token: there is nothing to learn from this batch")
-    return (ce * mask).sum() / mask.sum()
+    R = batch["responses"].shape[1]
+    hidden = _hidden_states(model, input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                            position_ids=batch["position_ids"])[:, -R - 1:-1]
+    # the output layer and the softmax over the vocabulary only where the loss is taken: the same loss as from every
+    # position's logits, for a fraction of the output layer's compute (the agent writes a third of an episode)
+    logits = model.get_output_embeddings()(hidden[mask]).float()
+    return torch.nn.functional.cross_entropy(logits, batch["responses"][mask])
+
+
+def lm_loss(model, batch: dict) -> torch.Tensor:
+    "Next-token cross-entropy on the tokens `labels` marks (-100 elsewhere): `model(**batch).loss`, computed cheaper."
+    target = batch["labels"][:, 1:]
+    keep = target != -100
+    if not keep.any():
+        raise ValueError("labels mark no token (all -100): there is nothing to learn from this batch")
+    hidden = _hidden_states(model, input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])[:, :-1]
+    return torch.nn.functional.cross_entropy(model.get_output_embeddings()(hidden[keep]).float(), target[keep])
 
 
 def pretrain_batches(tokenizer, passages: Sequence[str], batch_size: int, rng: random.Random, per_row: int = 4):
@@ -492,27 +509,38 @@ def sft_batches(
         yield collate([rows[i] for i in picked] if augment is None else [augment(i, rng) for i in picked], pad_id)
 
 # %% ../nbs/11_speedrun.ipynb #58fec49b
+def episode_texts(traj, tokenizer) -> list[str]:
+    "An episode's pieces as text, in order: the prompt, then each step's action and tool response."
+    return tokenizer.batch_decode([traj.prompt_ids] + [ids for s in traj.steps for ids in (s.action_ids, s.env_ids)])
+
+
+@functools.lru_cache(maxsize=4096)
+def _names_pattern(names: tuple[str, ...]) -> re.Pattern:
+    # whole names, longest first, so that no name is replaced inside another (one pattern per world: cached)
+    return re.compile(r"\b(" + "|".join(map(re.escape, sorted(names, key=len, reverse=True))) + r")\b")
+
+
 def rename_entities(
     traj,  # an expert episode on `world`, as recorded (`Trajectory`, append-only)
     world: World,  # the world the episode was played in
     tokenizer,
     rng: random.Random,
     banned: set[str] | frozenset = frozenset(),  # names and name words the new names must not use (held-out ones)
+    texts: Sequence[str] | None = None,  # `episode_texts(traj, tokenizer)`, when the caller keeps them between draws
 ):
     "The same episode in a world of fresh names: every name of `world` in it replaced, the same way everywhere."
+    texts = episode_texts(traj, tokenizer) if texts is None else texts
+    if len(texts) != 1 + 2 * traj.num_steps:
+        raise ValueError(f"texts has {len(texts)} pieces, the episode {1 + 2 * traj.num_steps}: pass episode_texts'")
     new = make_world(rng, len(world.people), len(world.orgs), len(world.cities), banned=set(banned) | world.names())
     names = dict(zip(world.people, new.people)) | dict(zip(world.orgs, new.orgs)) | dict(zip(world.cities, new.cities))
     names |= dict(zip(world.river.values(), new.river.values()))
-    # whole names, longest first, so that no name is replaced inside another
-    pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(names, key=len, reverse=True))) + r")\b")
+    pattern = _names_pattern(tuple(names))
     swap = lambda text: pattern.sub(lambda m: names[m.group(1)], text)
-    prompt = tokenizer.decode(traj.prompt_ids)
-    if not pattern.search(prompt):
+    if not pattern.search(texts[0]):
         raise ValueError("the episode's question names nothing of `world`: pass the world it was played in")
     # re-encoded piece by piece, as the loop encoded them, so the layout's masks stay right (in one call: it is fast)
-    pieces = [traj.prompt_ids] + [ids for s in traj.steps for ids in (s.action_ids, s.env_ids)]
-    enc = tokenizer([swap(prompt)] + [swap(tokenizer.decode(ids)) for ids in pieces[1:]], add_special_tokens=False)
-    enc = enc["input_ids"]
+    enc = tokenizer([swap(t) for t in texts], add_special_tokens=False)["input_ids"]
     context, steps = enc[0], []
     for k, s in enumerate(traj.steps):
         action, env = enc[1 + 2 * k], enc[2 + 2 * k]
@@ -572,7 +600,7 @@ def _load_state(path: Path, model, opt, sched, rng: random.Random | None) -> tup
 # %% ../nbs/11_speedrun.ipynb #63d7bd2e
 def train_lm(
     model,
-    batches,  # an iterator of batches: with "labels" for next-token loss, otherwise SFT rows (`sft_loss`)
+    batches,  # an iterator of batches: with "labels" for next-token loss (`lm_loss`), else SFT rows (`sft_loss`)
     steps: int,
     lr: float,
     name: str = "sft",  # for the progress bar, the log and the checkpoint folder
@@ -597,7 +625,7 @@ def train_lm(
     t0 = time.perf_counter()
     while step < steps:
         b = next(batches)
-        loss = model(**b).loss if "labels" in b else sft_loss(model, b)
+        loss = lm_loss(model, b) if "labels" in b else sft_loss(model, b)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"{name}: the loss is {loss.item()} at step {step}; the last checkpoint is kept "
                                      f"in {state}" if state else f"{name}: the loss is {loss.item()} at step {step}")
@@ -781,11 +809,15 @@ def _renamer(r: _Run, demos: Sequence, rows: Sequence[dict]) -> Callable[[int, r
     worlds = r.suite.train_env.worlds
     held = frozenset().union(*(w.names() for w in r.suite.eval_env.worlds))
 
+    texts = {}  # each episode's pieces, decoded once: an episode is drawn about three times
+
     def augment(i: int, rng: random.Random) -> dict:
         if rng.random() >= r.cfg.sft_rename:
             return rows[i]
         t = demos[i]
-        return growing_layout(rename_entities(t, worlds[t.metadata["task"]["world"]], r.tok, rng, held))
+        if i not in texts:
+            texts[i] = episode_texts(t, r.tok)
+        return growing_layout(rename_entities(t, worlds[t.metadata["task"]["world"]], r.tok, rng, held, texts[i]))
     return augment
 
 
@@ -799,14 +831,19 @@ def _sft_stage(r: _Run):
     model = tiny_qwen2(tok, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers, seed=cfg.seed,
                        num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads)
     _warm_ups(r, model, demos)
-    sft_eval = lambda: {k: v for k, v in r.ev(model)[0].items() if k.startswith(("em/", "after_2_searches/"))}
+    last = {}  # the latest evaluation during SFT: the one after the last step is the SFT model's row, not run twice
+
+    def sft_eval():
+        last["metrics"] = r.ev(model)[0]
+        return {k: v for k, v in last["metrics"].items() if k.startswith(("em/", "after_2_searches/"))}
     rng = random.Random(cfg.seed + 1)  # the batches' generator, which train_lm checkpoints: a resumed run goes on
     train_lm(model, sft_batches(rows, tok.pad_token_id, cfg.sft_batch, rng, augment), cfg.sft_steps, cfg.sft_lr, "sft",
              r.dir, cfg.save_every, eval_fn=sft_eval if cfg.eval_every else None, eval_every=cfg.eval_every,
              progress=r.progress, rng=rng)
     model.save_pretrained(r.dir / "sft_model")
     tok.save_pretrained(r.dir / "sft_model")
-    r.evals["sft"], _ = r.ev(model)
+    # train_lm evaluates after its last step whenever it took one here (a resumed, finished SFT takes none)
+    r.evals["sft"] = last.get("metrics") or r.ev(model)[0]
     r.evals["no_tool"], _ = r.ev(model, r.suite.no_tool_env)
     r.evals["sft"].update(n_demos=len(demos), time=time.time())
     r.save_evals()
