@@ -6,6 +6,7 @@
     python scripts/bench_speedrun.py algorithms               # GRPO, PPO, REINFORCE++, RLOO, StepPO from one SFT start
                                                               # (--algorithms rloo,steppo: only those)
     python scripts/bench_speedrun.py rl-speed                 # RL episodes/s, rollout and update switches off and on, side by side
+    python scripts/bench_speedrun.py sft-speed                # SFT and drill steps, logits everywhere or where the loss is
     python scripts/bench_speedrun.py arith --seeds 0,1,2      # the calculator task per seed, beside its no-calculator baseline
     python scripts/bench_speedrun.py all
 
@@ -196,7 +197,7 @@ def rl_speed(args, lines: list[str]):
     from agent_r1_tutorial.tools import BaseTool
     from agent_r1_tutorial.trainer import Trainer
 
-    seed = args.seeds[0]
+    seed, steps = args.seeds[0], args.steps or 5
     cfg = _cfg(args.preset, args.set, seed=seed, threads=args.threads)
     suite = build_suite(cfg)
     base = Path(args.out) / f"rl-speed-s{seed}-sft"
@@ -226,12 +227,12 @@ def rl_speed(args, lines: list[str]):
                                       dataclasses.replace(rl_trainer_config(cfg, base), out_dir=None, save_every=0, **kw))
         tr.sampler = sampler
     logs = {name: [] for name in trainers}
-    for _ in range(args.steps):  # alternate, so that both see the same machine load
+    for _ in range(steps):  # alternate, so that both see the same machine load
         for name, tr in trainers.items():
             logs[name].append(tr.step())
     n_ep = cfg.prompts_per_step * cfg.group_size
     mean = lambda name, k, d=float("nan"): statistics.mean(m.get(k, d) for m in logs[name])
-    lines += [f"## RL throughput: {args.steps} steps of {cfg.prompts_per_step} prompts × {cfg.group_size} episodes "
+    lines += [f"## RL throughput: {steps} steps of {cfg.prompts_per_step} prompts × {cfg.group_size} episodes "
               "each, the settings alternated from the same SFT checkpoint", "",
               "| settings | episodes/s | step s | rollout s (prefill / decode / tools) | rows, scores, log-probs s "
               "| update s | rows updated | groups with signal |", "|---|---|---|---|---|---|---|---|"]
@@ -247,9 +248,68 @@ def rl_speed(args, lines: list[str]):
     lines += ["", f"Episodes per second: **{b / a:.2f}×** with every switch on.", ""]
 
 
+def sft_speed(args, lines: list[str]):
+    "SFT and drill steps with logits at every position, and at the loss's positions only, alternated: seconds a step."
+    import itertools
+    import random
+
+    import torch
+
+    from agent_r1_tutorial.masks import growing_layout
+    from agent_r1_tutorial.speedrun import (build_suite, build_tokenizer, drill_batches, expert_trajectories, lm_loss,
+                                            sft_batches, sft_loss)
+    from agent_r1_tutorial.tinylm import tiny_qwen2
+
+    cfg = _cfg(args.preset, args.set, seed=args.seeds[0], threads=args.threads)
+    if cfg.task != "search":
+        raise SystemExit("error: sft-speed measures the search task's batches (drop --set task=...)")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    n = args.steps or 50
+    suite = build_suite(cfg)
+    tok = build_tokenizer(suite, cfg.vocab_size, trailing_spaces=cfg.tokenizer_spaces == "trailing")
+    rows = [growing_layout(t) for t in expert_trajectories(suite, tok, suite.sft_tasks[:20 * cfg.sft_batch])]
+    batches = {"SFT": (list(itertools.islice(sft_batches(rows, tok.pad_token_id, cfg.sft_batch, random.Random(0)), n)),
+                       "response_mask"),
+               "drill": (list(itertools.islice(drill_batches(tok, suite.drill, cfg.drill_batch, random.Random(0)), n)),
+                         "labels")}
+
+    def every_position_sft(model, b):  # the definition: logits at every position, the mask applied in the mean
+        R = b["responses"].shape[1]
+        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                       position_ids=b["position_ids"]).logits[:, -R - 1:-1].float()
+        ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), b["responses"].flatten(), reduction="none")
+        m = b["response_mask"].flatten().float()
+        return (ce * m).sum() / m.sum()
+
+    losses = {"SFT": (every_position_sft, sft_loss), "drill": (lambda m, b: m(**b).loss, lm_loss)}
+    lines += [f"## SFT and drill steps: logits at every position or at the loss's positions only ({n} steps each, "
+              "alternated, the same batches and initialisation)", "",
+              "| batches | tokens a batch (padded) | share of positions in the loss | every position, s a step "
+              "| loss positions only, s a step | speed-up |", "|---|---|---|---|---|---|"]
+    for name, (bs, key) in batches.items():
+        models = [tiny_qwen2(tok, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers, seed=cfg.seed,
+                             num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads) for _ in range(2)]
+        opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in models]
+        spent = [0.0, 0.0]
+        for b in bs:
+            for k in (0, 1):  # alternate, so that both see the same machine load
+                t = time.perf_counter()
+                loss = losses[name][k](models[k], b)
+                opts[k].zero_grad()
+                loss.backward()
+                opts[k].step()
+                spent[k] += time.perf_counter() - t
+        tokens = sum(b["input_ids"].numel() for b in bs) / n
+        share = sum(int((b[key][:, 1:] != -100).sum()) if key == "labels" else int(b[key].sum()) for b in bs) / n
+        lines.append(f"| {name} | {tokens:.0f} | {share / tokens:.0%} | {spent[0] / n:.3f} | {spent[1] / n:.3f} "
+                     f"| {spent[0] / spent[1]:.2f}× |")
+    lines += ["", "The same loss either way (chapter 11's test under `sft_loss` checks the loss and its gradients).", ""]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("what", choices=["headline", "rl-matters", "algorithms", "rl-speed", "arith", "all"])
+    ap.add_argument("what", choices=["headline", "rl-matters", "algorithms", "rl-speed", "sft-speed", "arith", "all"])
     ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (headline and rl-matters use all; others "
                     "the first)")
     ap.add_argument("--preset", choices=["tiny", "ci"], default="tiny")
@@ -260,7 +320,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sft-from", default=None, metavar="DIR",
                     help="rl-matters: start from the SFT stage of DIR/rl-matters-s<seed> (a run of the same data and "
                     "SFT settings), to compare RL settings without repeating SFT")
-    ap.add_argument("--steps", type=int, default=5, help="rl-speed: RL steps per setting (default 5)")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="rl-speed: RL steps per setting (default 5); sft-speed: steps per loss (default 50)")
     ap.add_argument("--algorithms", default=None, metavar="A,B",
                     help="algorithms: run only these (comma-separated; default all), e.g. to split the work")
     args = ap.parse_args(argv)
@@ -268,7 +329,7 @@ def main(argv=None) -> int:
         args.seeds = [int(s) for s in args.seeds.split(",")]
     except ValueError:
         ap.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
-    if args.steps < 1:
+    if args.steps is not None and args.steps < 1:
         ap.error(f"--steps must be >= 1, got {args.steps}")
     for s in args.set:
         if "=" not in s:
@@ -282,7 +343,7 @@ def main(argv=None) -> int:
     lines = [f"# Tiny speedrun benchmark ({args.what}, preset {args.preset})", ""]
     try:
         for name, fn in (("headline", headline), ("rl-matters", rl_matters), ("algorithms", algorithms),
-                         ("rl-speed", rl_speed), ("arith", arith)):
+                         ("rl-speed", rl_speed), ("sft-speed", sft_speed), ("arith", arith)):
             if args.what in (name, "all"):
                 fn(args, lines)
     except ValueError as e:

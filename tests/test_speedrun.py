@@ -169,6 +169,24 @@ def test_bench_rl_speed_compares_the_switches_side_by_side(tmp_path):
     assert res.returncode != 0 and "--steps must be >= 1" in res.stderr
 
 
+def test_bench_sft_speed_times_both_losses_side_by_side(tmp_path):
+    "sft-speed at CI size: SFT and drill rows, each with both timings and their ratio; the arithmetic task refused."
+    bench = [sys.executable, "scripts/bench_speedrun.py", "sft-speed", "--seeds", "0", "--preset", "ci", "--quiet",
+             "--set", "retriever=bm25", "--out", str(tmp_path)]
+    res = subprocess.run([*bench, "--steps", "3"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = {l.split("|")[1].strip(): l.split("|")[2:-1]
+            for l in res.stdout.splitlines() if l.startswith(("| SFT", "| drill"))}
+    assert set(rows) == {"SFT", "drill"}
+    for cells in rows.values():
+        share, slow, fast, ratio = cells[1].strip(), float(cells[2]), float(cells[3]), cells[4].strip()
+        assert 0 < int(share.rstrip("%")) < 100 and slow > 0 and fast > 0 and ratio.endswith("×")
+    assert (tmp_path / "bench-sft-speed.md").exists()
+    res = subprocess.run([*bench, "--steps", "2", "--set", "task=arith"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode != 0 and "sft-speed measures the search task" in res.stderr and "Traceback" not in res.stderr
+
+
 def test_bench_algorithms_refuses_an_unknown_algorithm(tmp_path):
     res = subprocess.run([sys.executable, "scripts/bench_speedrun.py", "algorithms", "--algorithms", "grpo,a2c",
                           "--preset", "ci", "--quiet", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
