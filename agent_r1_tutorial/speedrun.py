@@ -47,7 +47,7 @@ RETRIEVERS = ("dense", "bm25")
 DRILL_KINDS = (0, 1, 2, 3)  # the search drills `search_drill` writes
 # where a task's tiny run departs from the fields' defaults (the search recipe): the calculator task was measured
 # with these (section 9), and neither its plan nor its flawed expert exists
-TASK_DEFAULTS = {"arith": dict(sft_rename=0.0, drill_steps=500, drill_lr=None, sft_steps=1300, sft_lr=3e-3, rl_steps=4,
+TASK_DEFAULTS = {"arith": dict(sft_rename=0.0, drill_steps=500, drill_lr=None, sft_steps=2000, sft_lr=3e-3, rl_steps=4,
                                 rl_lr=2e-5, rl_eval_every=2)}
 
 # %% ../nbs/11_speedrun.ipynb #6a5be72f
