@@ -78,26 +78,43 @@ def test_sidebar_lists_every_notebook_in_curriculum_order():
     assert listed == expected, f"nbs/sidebar.yml should list {expected} in this order, it lists {listed}"
 
 
-def test_one_page_per_notebook(site):
+def _api_page(nb: Path) -> str:
+    "A chapter's reference page: the API entries of its module."
+    return "api_" + _page_name(nb)
+
+
+CHAPTERS = [nb for nb in NOTEBOOKS if default_exp(nb)]
+
+
+def test_one_page_per_notebook_and_one_reference_per_module(site):
     pages = sorted(p.name for p in site.glob("*.html"))
-    assert pages == sorted(_page_name(nb) for nb in NOTEBOOKS)
+    assert pages == sorted([_page_name(nb) for nb in NOTEBOOKS] + [_api_page(nb) for nb in CHAPTERS])
 
 
 def test_api_reference_documents_every_public_name(site):
-    "Each module's page carries a show_doc entry (an anchor) for every public function and class it exports."
+    """Each module's reference page carries an entry for every public function and class it exports, and the chapter
+    keeps an anchor of the same name where it explains it (so links to `chapter.html#name` land in the text)."""
     import importlib
     import inspect
 
-    for nb in NOTEBOOKS:
-        exps = default_exp(nb)
-        if not exps:
-            continue
-        mod = importlib.import_module(f"agent_r1_tutorial.{exps[0]}")
-        ids = _parse(site / _page_name(nb)).ids
+    for nb in CHAPTERS:
+        mod = importlib.import_module(f"agent_r1_tutorial.{default_exp(nb)[0]}")
+        ref, chapter = _parse(site / _api_page(nb)).ids, _parse(site / _page_name(nb)).ids
         public = [n for n in mod.__all__ if inspect.isfunction(getattr(mod, n)) or inspect.isclass(getattr(mod, n))]
         assert public, f"{mod.__name__} exports nothing"
-        missing = [n for n in public if n.lower() not in ids]
-        assert not missing, f"{nb.name} has no show_doc for {missing}"
+        missing = [n for n in public if n.lower() not in ref]
+        assert not missing, f"{_api_page(nb)} has no entry for {missing}"
+        unanchored = [n for n in public if n.lower() not in chapter]
+        assert not unanchored, f"{_page_name(nb)} has no anchor for {unanchored}"
+
+
+def test_chapters_keep_reference_out_of_the_reading_column(site):
+    "No API entry (a rule, then a heading and a parameter table) is left in a chapter; each chapter links its reference."
+    for nb in CHAPTERS:
+        html = (site / _page_name(nb)).read_text(encoding="utf-8")
+        entries = re.findall(r"<hr[^>]*>\s*<h3 id=", html)
+        assert not entries, f"{_page_name(nb)} still holds {len(entries)} API entries"
+        assert f'href="{_api_page(nb)}"' in html, f"{_page_name(nb)} does not link {_api_page(nb)}"
 
 
 def test_no_internal_link_is_broken(site):
@@ -373,3 +390,71 @@ def test_long_outputs_fold_and_open(site, server, browser):
     assert not any(folded for _, folded in cards)
     assert not problems
     page.close()
+
+
+# ---- what a reader sees: the code a chapter teaches, on any screen
+
+# The functions and classes the tutorial exists to teach: each one's full source is on its chapter's page, open, where
+# the prose explains it (`#| exports`); the rest of the library is one click away on the reference pages.
+TAUGHT = {
+    "mdp.html": ["class Step", "class Trajectory", "def sequence_ids", "def token_roles"],
+    "masks.html": ["def growing_layout", "def step_layout", "def collate", "def compute_log_probs"],
+    "tools.html": ["class BaseTool", "class ToolResult", "class ToolFormat", "class HermesFormat", "class SearchR1Format",
+                   "def run_tool_calls"],
+    "envs.html": ["class AgentEnv", "class ToolEnv", "def _step"],
+    "rollout.html": ["class AgentEnvLoop", "def run", "def generate", "def to_batch"],
+    "rewards.html": ["def exact_match", "def f1_score", "def format_reward", "def place_step_rewards",
+                     "def compute_score"],
+    "advantages.html": ["def compute_gae_advantage_return", "def compute_step_gae_advantage_return",
+                        "def compute_grpo_outcome_advantage", "def compute_drgrpo_outcome_advantage",
+                        "def compute_rloo_outcome_advantage", "def compute_reinforce_plus_plus_outcome_advantage"],
+    "losses.html": ["def agg_loss", "def compute_policy_loss_vanilla", "def compute_policy_loss_gspo", "def kl_penalty",
+                    "def compute_kl_loss", "def compute_value_loss", "def compute_entropy_loss"],
+    "trainer.html": ["class Trainer", "def step", "def rollout", "def _scores", "def _log_probs", "def _advantages",
+                     "def _policy_loss", "def _update", "def train"],
+    "verl.html": ["def run_agent_episode", "def verl_agent_loop_class", "class Ar1AgentLoop"],
+}
+
+_SHOWN_JS = """() => {
+  const main = document.querySelector('main');
+  const visible = el => !el.closest('details:not([open])');
+  const code = [...main.querySelectorAll('pre code')].filter(visible).map(c => c.innerText);
+  const imgs = [...main.querySelectorAll('img')].map(i => [i.getAttribute('src').slice(0, 40), i.getAttribute('alt') || '']);
+  return {code, imgs};
+}"""
+
+
+def test_taught_code_is_shown_and_no_shown_code_switches_on_tests(site, server, browser):
+    """Every name the tutorial teaches shows its `def`/`class` on its chapter page, outside any fold; no shown code
+    holds `in_test()` (what a reader sees is what a reader's run does)."""
+    problems = []
+    for html in sorted(site.glob("*.html")):
+        page, errors = _open(browser, server + html.name)
+        shown = page.evaluate(_SHOWN_JS)["code"]
+        page.close()
+        text = "\n".join(shown)
+        problems += [f"{html.name}: `{d}` is not shown" for d in TAUGHT.get(html.name, [])
+                     if not re.search(re.escape(d) + r"\b", text)]
+        problems += [f"{html.name}: shown code calls in_test(): {c.strip().splitlines()[0][:60]!r}"
+                     for c in shown if "in_test()" in c and "def in_test" not in c]
+    assert not problems, "\n".join(problems)
+
+
+def test_no_page_pans_sideways_on_a_phone_and_every_figure_has_alt_text(site, server, browser):
+    """At 390 px (a phone) no page is wider than the screen: wide code, tables and equations scroll inside their own
+    box. Every picture has alt text for readers who cannot see it."""
+    problems = []
+    for html in sorted(site.glob("*.html")):
+        page, errors = _open(browser, server + html.name)
+        page.set_viewport_size({"width": 390, "height": 844})
+        page.wait_for_timeout(50)
+        width = page.evaluate("document.documentElement.scrollWidth")
+        if width > 392:
+            wide = page.evaluate("""() => [...document.querySelectorAll('main *')].filter(e => {
+                const r = e.getBoundingClientRect(); return r.right > innerWidth + 2 && r.width > 0;
+              }).slice(0, 3).map(e => e.tagName + '.' + e.className + ': ' + (e.innerText || '').slice(0, 40))""")
+            problems.append(f"{html.name}: {width} px wide at 390 ({wide})")
+        problems += [f"{html.name}: a picture without alt text ({src}...)"
+                     for src, alt in page.evaluate(_SHOWN_JS)["imgs"] if not alt.strip()]
+        page.close()
+    assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems)
