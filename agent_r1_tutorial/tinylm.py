@@ -74,6 +74,7 @@ def train_tokenizer(
     isolate_spaces: bool = False,  # make every space its own token, so a word has the same tokens everywhere
     trailing_spaces: bool = False,  # glue each space to the word before it and split punctuation off (see below)
     isolate_digits: bool = False,  # every digit its own token, as in Qwen2's tokenizer (numbers copy digit by digit)
+    isolate_newlines: bool = False,  # with trailing_spaces: every newline its own token (see below)
 ) -> PreTrainedTokenizerFast:
     "Train a byte-level BPE tokenizer with Qwen's chat markup and chat template, entirely offline."
     n_fixed = 256 + len(SPECIAL_TOKENS) + len(TAG_TOKENS)
@@ -85,6 +86,8 @@ def train_tokenizer(
         raise ValueError("texts is empty: a tokenizer needs some text to learn merges from")
     if isolate_spaces and trailing_spaces:
         raise ValueError("isolate_spaces and trailing_spaces are two ways to place a space: choose one")
+    if isolate_newlines and not trailing_spaces:
+        raise ValueError("isolate_newlines applies to trailing_spaces (isolate_spaces already splits newlines off)")
     tok = Tokenizer(models.BPE())
     # GPT-2-style splitting glues a space to the word after it (" Bamro" and "Bamro" are different tokens);
     # splitting spaces off first keeps a word's tokens the same after a space, a quote or a tag; gluing each space to
@@ -93,6 +96,7 @@ def train_tokenizer(
     splits = ([pre_tokenizers.Split(" ", "isolated")] if isolate_spaces else []) + \
              ([pre_tokenizers.Split(" ", "merged_with_previous"), pre_tokenizers.Punctuation("isolated")]
               if trailing_spaces else []) + \
+             ([pre_tokenizers.Split("\n", "isolated")] if isolate_newlines else []) + \
              ([pre_tokenizers.Digits(individual_digits=True)] if isolate_digits else [])
     # without isolated digits BPE merges frequent digit pairs: 357 may become "35" "7" and 457 "4" "57", so copying
     # a number means copying an arbitrary split of it

@@ -12,6 +12,7 @@ import os
 import random
 import shutil
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -31,8 +32,9 @@ from .rewards import combine_process_outcome
 from .rollout import AgentEnvLoop, HFBackend, SamplingParams, to_batch
 
 # %% auto #0
-__all__ = ['ALGORITHMS', 'PROCESS_REWARDS', 'TrainerConfig', 'ValueModel', 'compute_values', 'NonFiniteError', 'check_finite',
-           'TargetTokensEnv', 'Trainer', 'group_signal', 'episode_returns', 'roll_back_log', 'latest_checkpoint']
+__all__ = ['ALGORITHMS', 'PROCESS_REWARDS', 'PROCESS_ONLY_STEPS', 'TrainerConfig', 'ValueModel', 'compute_values',
+           'NonFiniteError', 'check_finite', 'TargetTokensEnv', 'Trainer', 'group_signal', 'episode_returns',
+           'roll_back_log', 'latest_checkpoint']
 
 # %% ../nbs/10_trainer.ipynb #1a45c647
 ALGORITHMS = {
@@ -286,6 +288,7 @@ class Trainer:
         self.sampler = None  # the rollout's token draw, (logp, generator) -> ids; None: `sample_tokens` (chapter 06)
         self.shuffle_gen = torch.Generator().manual_seed(config.seed + 2)
         self.global_step = 0
+        self.metric_keys, self.process_only_steps = None, 0  # what every step reports; see _end_step
         stops = config.stop_token_ids if config.stop_token_ids is not None else (tokenizer.eos_token_id,)
         self.params = SamplingParams(config.temperature, config.max_new_tokens, tuple(stops))
         self.logger = MetricsLogger(Path(config.out_dir) / "metrics.jsonl") if config.out_dir else None
@@ -537,6 +540,8 @@ def step(self: Trainer) -> dict:
     if self.score_fn is not None:
         scores = self.score_fn(scores, batch, trajs)
     metrics = group_signal(*episode_returns(scores, batch))  # the returns the advantages are computed from
+    metrics["groups/outcome_with_variance"] = group_signal([t.outcome_reward for t in trajs],
+                                                           [t.group for t in trajs])["groups/with_variance"]
     if c.filter_groups:  # 4 before 3 (see above); a uniform group's rows have zero advantage: no gradient, no compute
         advantages, batch["returns"] = self._advantages(batch, scores, None)
         batch["advantages"] = advantages
@@ -595,7 +600,14 @@ def _timings(self: Trainer, t0: float, t_roll: float, t1: float) -> dict:
 
 @patch
 def _end_step(self: Trainer, metrics: dict):
-    "Count the step, log its metrics and write a checkpoint when one is due."
+    "Give the step every metric key (NaN where it computed none), warn on process-only signal, log, checkpoint."
+    # a step whose filtered batch kept no row ran no update: its update metrics are NaN, never missing
+    if self.metric_keys is None:
+        self.metric_keys = self._update_keys()
+    for k in self.metric_keys - metrics.keys():
+        metrics[k] = float("nan")
+    self.metric_keys |= metrics.keys()
+    self._warn_if_process_only(metrics)
     self.global_step += 1
     if self.logger:
         self.logger.log(self.global_step, **metrics)
@@ -604,6 +616,35 @@ def _end_step(self: Trainer, metrics: dict):
             self.tb.add_scalar(k, v, self.global_step)
     if self.config.out_dir and self.config.save_every and self.global_step % self.config.save_every == 0:
         self.save_checkpoint()
+
+# %% ../nbs/10_trainer.ipynb #23a82b8e
+PROCESS_ONLY_STEPS = 3  # steps in a row with signal from process rewards alone before the trainer warns
+
+
+@patch
+def _update_keys(self: Trainer) -> set[str]:
+    "The metric keys an update reports under this configuration (the policy loss names its own, on a toy input)."
+    c, t, mask = self.config, torch.zeros(1, 2), torch.ones(1, 2)
+    clip = {"clip_ratio_low": c.clip_ratio_low, "clip_ratio_high": c.clip_ratio_high, "clip_ratio_c": c.clip_ratio_c}
+    _, loss_keys = get_policy_loss(c.policy_loss)(t, t.clone().requires_grad_(), t, mask, c.loss_agg_mode, clip, None)
+    keys = {"actor/pg_loss", "actor/grad_norm", *loss_keys}
+    keys |= {"actor/entropy"} if c.entropy_coef > 0 else set()
+    keys |= {"actor/kl_loss"} if self.reference is not None and not c.use_kl_in_reward else set()
+    keys |= {"critic/vf_loss", "critic/vf_clipfrac", "critic/grad_norm"} if self.critic is not None else set()
+    return keys | ({"rollout/logprob_diff_max"} if not c.bypass_mode else set())
+
+
+@patch
+def _warn_if_process_only(self: Trainer, metrics: dict):
+    "Warn once when, step after step, no group's outcomes differed and process rewards alone made the advantages."
+    alone = metrics["groups/with_variance"] > 0 and metrics["groups/outcome_with_variance"] == 0
+    self.process_only_steps = self.process_only_steps + 1 if alone else 0
+    if self.process_only_steps == PROCESS_ONLY_STEPS:
+        warnings.warn(
+            f"for {PROCESS_ONLY_STEPS} steps no group's outcome rewards differed: the updates learned from process "
+            "rewards or score shaping alone (ToolEnv's invalid_call_reward penalises failed calls, which teaches the "
+            "policy to stop calling tools). Warm-start the policy until some episodes succeed (SFT on "
+            "demonstrations), or set process_rewards='off'.", stacklevel=3)
 
 # %% ../nbs/10_trainer.ipynb #8973e252
 @patch
@@ -629,7 +670,9 @@ def train(
 # %% ../nbs/10_trainer.ipynb #da588106
 @patch
 def evaluate(self: Trainer, tasks: Sequence[dict], greedy: bool = True) -> tuple[dict, list]:
-    "Play each task once (greedy by default) without training; return metrics and trajectories."
+    """Play each task once (greedy by default) without training; return (metrics, trajectories). The metrics:
+    `reward/outcome_mean`, `reward/process_mean`, `episode/turns_mean`, `episode/tool_calls_mean`,
+    `episode/policy_tokens_mean`, and `episode/end_<reason>` (the share that ended for each reason)."""
     with torch.no_grad():
         trajs = self.rollout(list(tasks), 1, greedy=greedy, tag="eval")
     return _episode_stats(trajs), trajs
