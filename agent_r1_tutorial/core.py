@@ -17,7 +17,7 @@ import time
 import warnings
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 from fastcore.basics import patch
@@ -25,7 +25,7 @@ import torch
 
 # %% auto #0
 __all__ = ['DEFAULT_PACKAGES', 'seed_everything', 'get_device', 'MetricsLogger', 'read_jsonl', 'ema', 'env_report',
-           'env_report_md', 'Registry', 'in_test', 'ParamTableRenderer']
+           'env_report_md', 'Registry', 'in_test', 'exercise']
 
 # %% ../nbs/00_core.ipynb #b3bc63f2
 def seed_everything(
@@ -291,98 +291,25 @@ def in_test() -> bool:
     "True when the code runs under the test suite (nbdev's `IN_TEST`), where notebooks shrink their work."
     return os.environ.get("IN_TEST", "") not in ("", "0")
 
-# %% ../nbs/00_core.ipynb #e848eb45
-class _Elided:
-    "Stands for a default too long for a signature line."
-
-    def __repr__(self):
-        return "..."
-
-
-def _long_default(param: dict, limit: int = 32) -> bool:
-    d = param.get("default", inspect.Parameter.empty)
-    return d is not inspect.Parameter.empty and not hasattr(d, "__name__") and len(repr(d)) > limit
-
-# %% ../nbs/00_core.ipynb #9437147c
-class ParamTableRenderer:
-    "`show_doc`'s renderer for this site: the signature without its comments, the docstring, a table of parameters."
-
-    def __init__(self, sym, name: str | None = None, title_level: int = 3):
-        try:  # nbdev's adds the heading and the link to the source; fastcore's alone is enough without nbdev
-            from nbdev.showdoc import BasicMarkdownRenderer as Base
-        except ImportError:  # pragma: no cover
-            from fastcore.docments import MarkdownRenderer as Base
-        self.base = Base(sym, name=name, title_level=title_level)
-
-    def __repr__(self) -> str:  # the plain-text view (a terminal, a notebook's text fallback): nbdev's signature
-        return repr(self.base)
-
-    def import_line(self) -> str | None:
-        "Where the name comes from, as the line that imports it (None for names outside this package, or private)."
-        mod = getattr(self.base.sym, "__module__", None) or ""
-        top = (getattr(self.base.sym, "__qualname__", None) or "").split(".")[0]
-        if not top or top.startswith("_"):
-            return None
-        if not mod.startswith("agent_r1_tutorial."):  # defined by a notebook's cell: find it in the package's index
-            from agent_r1_tutorial._modidx import d
-
-            mod = next((m for m, syms in d["syms"].items() if f"{m}.{top}" in syms), "")
-        return f"from {mod} import {top}" if mod else None
-
-    def _repr_markdown_(self) -> str:
-        text = self._body()
-        line = self.import_line()
-        if line:  # under the heading, so that a reader knows what to import without searching
-            head, sep, rest = text.partition(f"# {self.base.nm}\n\n")
-            text = f"{head}{sep}`{line}`\n\n{rest}" if sep else text
-        return text
-
-    def _body(self) -> str:
-        from fastcore.docments import DocmentText
-
-        rows, dm = self.rows(), self.base.dm
-        if not any(r[3] for r in rows):
-            return self.base._repr_markdown_()  # nothing to put in a table: nbdev's rendering as it is
-        if isinstance(dm, DocmentText):
-            saved = dm.dm
-            # the signature without its comments, and long defaults elided (the table below shows them in full)
-            dm.dm = {k: {**v, "docment": None, **({"default": _Elided()} if _long_default(v) else {})}
-                     for k, v in saved.items()}
-            try:
-                text = self.base._repr_markdown_()
-            finally:
-                dm.dm = saved
-        else:  # a signature fastcore could not annotate (a dataclass's generated __init__): it has no comments
-            text = self.base._repr_markdown_()
-        cell = lambda s: str(s).replace("|", "\\|").replace("\n", " ")
-        table = ["", "| | Type | Default | Details |", "|---|---|---|---|"]
-        table += [
-            f"| {n if n.startswith('**') else f'`{n}`'} | {f'`{cell(t)}`' if t else ''} "
-            f"| {f'`{cell(d)}`' if d else ''} | {cell(c)} |"
-            for n, t, d, c in rows
-        ]
-        return text + "\n" + "\n".join(table) + "\n"
-
-# %% ../nbs/00_core.ipynb #7f3616cb
-@patch
-def rows(self: ParamTableRenderer) -> list[tuple[str, str, str, str]]:
-    "(name, type, default, comment) of each documented parameter, and of the return value if it has a comment."
-    import fastcore.docments as fd
-    from fastcore.docments import DocmentText, docments, empty
-
-    # fastcore's own formatting of types and defaults, as in the signature; plain text if a version lacks them
-    type_str = getattr(fd, "_type_str", lambda a: getattr(a, "__name__", str(a)))
-    fmt_default = getattr(fd, "_fmt_default", repr)
-
-    try:  # read from the source: a dataclass's field comments too (its generated __init__ has none)
-        dm = docments(self.base.sym, full=True)
-    except Exception:  # no source to read (a builtin, a function made at run time)
-        dm = self.base.dm.dm if isinstance(self.base.dm, DocmentText) else {}
-    out = []
-    for k, v in dm.items():
-        if k in ("self", "cls") or (k == "return" and not v.get("docment")):
-            continue
-        anno = "" if v.get("anno", empty) is empty else type_str(v["anno"])
-        default = "" if v.get("default", empty) is empty else fmt_default(v["default"])
-        out.append(("**Returns**" if k == "return" else k, anno, default, v.get("docment") or ""))
-    return out
+# %% ../nbs/00_core.ipynb #4f503838
+def exercise(
+    check: Callable[[], Any],  # raises AssertionError, with what is wrong, while the exercise is not solved
+    name: str = "exercise",  # how the message names it
+    strict: bool = False,  # raise instead of printing (a solution's own check)
+) -> bool:  # whether it is solved
+    "Run an exercise's check and say in one line whether it is solved, and if not, what is still wrong."
+    try:
+        check()
+    except NotImplementedError:
+        msg = "not attempted yet: write your code in the cell above, run it, then run this cell again"
+    except AssertionError as e:
+        msg = f"not solved yet: {e}"
+    except Exception as e:  # a wrong signature, a shape error: the reader's code, so say it plainly
+        msg = f"your code raised {type(e).__name__}: {e}"
+    else:
+        print(f"✓ {name}: solved")
+        return True
+    if strict:
+        raise AssertionError(f"{name}: {msg}")
+    print(f"✗ {name}: {msg}")
+    return False
