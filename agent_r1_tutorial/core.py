@@ -291,7 +291,7 @@ def in_test() -> bool:
     "True when the code runs under the test suite (nbdev's `IN_TEST`), where notebooks shrink their work."
     return os.environ.get("IN_TEST", "") not in ("", "0")
 
-# %% ../nbs/00_core.ipynb #4f503838
+# %% ../nbs/00_core.ipynb #6235787d
 def exercise(
     check: Callable[[], Any],  # raises AssertionError, with what is wrong, while the exercise is not solved
     name: str = "exercise",  # how the message names it

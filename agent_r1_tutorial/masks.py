@@ -548,7 +548,8 @@ def mask_html(
     for b, (title, cells) in enumerate(_blocks(traj, tokenizer, layout, context)):
         parts.append(f"<div style='font-size:12px;margin:6px 0 2px'><b>{html.escape(title)}</b></div>")
         parts.append(tokens_html([c["text"] for c in cells], [c["role"] for c in cells],
-                                 [c["mask"] for c in cells], [c["title"] for c in cells], legend=b == 0))
+                                 [c["mask"] for c in cells], [c["title"] for c in cells], legend=b == 0,
+                                 marks=[f"★{c['reward']:g}" if c["reward"] else "" for c in cells]))
     return "".join(parts)
 
 # %% ../nbs/02_masks.ipynb #d9f88030

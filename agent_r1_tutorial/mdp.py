@@ -469,10 +469,11 @@ def tokens_html(
     masks: Sequence[int] | None = None,  # optional 0/1 per token: 1 = trained (solid underline), 0 = context (faded)
     titles: Sequence[str] | None = None,  # optional hover text per token
     legend: bool = True,  # prepend a colour legend
+    marks: Sequence[str] | None = None,  # optional short label per token, shown raised after it (e.g. a reward)
 ) -> str:  # an HTML fragment
     "Render tokens as coloured HTML spans (colour = producer, underline = mask 1), with hover text."
     n = len(texts)
-    for name, xs in (("roles", roles), ("masks", masks), ("titles", titles)):
+    for name, xs in (("roles", roles), ("masks", masks), ("titles", titles), ("marks", marks)):
         if xs is not None and len(xs) != n:
             raise ValueError(f"{name} has {len(xs)} entries but there are {n} tokens")
     unknown = sorted(set(roles) - set(PRODUCER_COLORS))
@@ -493,6 +494,8 @@ def tokens_html(
         shown = html.escape(t).replace("\n", "↵\n")
         title = html.escape(titles[i] if titles is not None else r, quote=True)
         out.append(f'<span style="{style}" title="{title}">{shown}</span>')
+        if marks is not None and marks[i]:
+            out.append(f'<sup style="color:#b8860b;font-weight:bold">{html.escape(marks[i])}</sup>')
     return ('<div style="font-family:monospace;font-size:12px;white-space:pre-wrap;line-height:1.7">'
             + "".join(out) + "</div>")
 
