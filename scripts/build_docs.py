@@ -226,13 +226,35 @@ def split_reference(proc: Path, modules: dict[str, str]) -> dict[str, int]:
     return moved
 
 
-def add_reference_to_sidebar(proc: Path, pages: list[str]):
-    "List the reference pages in a section of their own at the end of the sidebar."
+# the development logs of the saved runs: what was tried and measured before the chapters' defaults were chosen
+LOGS = {"speedrun_log": ROOT / "docs" / "speedrun" / "LOG.md", "gamerun_log": ROOT / "docs" / "gamerun" / "LOG.md"}
+
+
+def stage_logs(proc: Path) -> list[str]:
+    "Give each development log a page of its own (its first heading becomes the page's title); their file names."
+    import yaml
+
+    pages = []
+    for stem, src in LOGS.items():
+        text = src.read_text(encoding="utf-8")
+        m = re.match(r"#\s+(.+)\n", text)
+        if not m:
+            raise BuildError(f"{src} must open with a '# title' line")
+        front = {"title": m.group(1).strip(), "description": "What was run and measured, oldest last, before the "
+                                                            "chapter's defaults were chosen"}
+        (proc / f"{stem}.md").write_text(f"---\n{yaml.safe_dump(front, allow_unicode=True, width=10**6)}---\n\n"
+                                         + text[m.end():], encoding="utf-8")
+        pages.append(f"{stem}.md")
+    return pages
+
+
+def add_to_sidebar(proc: Path, section: str, pages: list[str]):
+    "List extra pages (the reference, the logs) in a section of their own at the end of the sidebar."
     import yaml
 
     path = proc / "sidebar.yml"
     data = yaml.safe_load(path.read_text())
-    data["website"]["sidebar"]["contents"].append({"section": REFERENCE_SECTION, "contents": sorted(pages)})
+    data["website"]["sidebar"]["contents"].append({"section": section, "contents": pages})
     path.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
 
 
@@ -395,7 +417,8 @@ def build(out: Path) -> dict:
     modules = {renames.get(nb.name, nb.name): f"{get_config().lib_name}.{exp}"
                for nb in sorted((ROOT / "nbs").glob("*.ipynb")) if (exp := _default_exp(nb))}
     reference = split_reference(proc, modules)
-    add_reference_to_sidebar(proc, list(reference))
+    add_to_sidebar(proc, "Development logs", stage_logs(proc))
+    add_to_sidebar(proc, REFERENCE_SECTION, sorted(reference))
     notes = render(proc, out)
     fix_private_anchors(out)
     fold_reference_section(out)

@@ -86,9 +86,15 @@ def _api_page(nb: Path) -> str:
 CHAPTERS = [nb for nb in NOTEBOOKS if default_exp(nb)]
 
 
-def test_one_page_per_notebook_and_one_reference_per_module(site):
+LOG_PAGES = ["speedrun_log.html", "gamerun_log.html"]  # the saved runs' development logs (docs/*/LOG.md)
+
+
+def test_one_page_per_notebook_one_reference_per_module_and_the_logs(site):
     pages = sorted(p.name for p in site.glob("*.html"))
-    assert pages == sorted([_page_name(nb) for nb in NOTEBOOKS] + [_api_page(nb) for nb in CHAPTERS])
+    assert pages == sorted([_page_name(nb) for nb in NOTEBOOKS] + [_api_page(nb) for nb in CHAPTERS] + LOG_PAGES)
+    for log in LOG_PAGES:  # a log page shows its entries under the log's own title
+        html = (site / log).read_text(encoding="utf-8")
+        assert "development log" in html and html.count("<h2") >= 3, log
 
 
 def test_api_reference_documents_every_public_name(site):
