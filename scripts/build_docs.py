@@ -367,6 +367,15 @@ def readme_text() -> str:
         directives = [l for l in cell.source.splitlines() if l.startswith("#|")]
         if any(re.match(r"#\|\s*(hide|export|exporti|exports|default_exp|eval:\s*false)\b", d) for d in directives):
             continue
+        if any(re.match(r"#\|\s*echo:\s*false", d) for d in directives):  # its outputs only, as on the site
+            parts = []
+            for out in cell.get("outputs", []):
+                if out.get("output_type") == "stream":
+                    parts.append("```\n" + "".join(out["text"]).rstrip() + "\n```")
+                elif "text/markdown" in out.get("data", {}):
+                    parts.append("".join(out["data"]["text/markdown"]))
+            keep.append(nbformat.v4.new_markdown_cell("\n\n".join(parts)))
+            continue
         if cell.cell_type == "code":
             cell.source = "\n".join(l for l in cell.source.splitlines() if not l.startswith("#|"))
         keep.append(cell)
