@@ -57,3 +57,28 @@ def test_a_failing_cell_fails_the_notebook(tmp_path):
     nb = _toy_project(tmp_path, ["x = 1", "assert x == 2, 'x is not 2'"])
     rc, out = _nbdev_test(nb)
     assert rc != 0 and "x is not 2" in out
+
+
+def test_every_chapter_checks_its_kernel_first():
+    "The first cell a reader runs in each chapter imports `_kernel_check` (after the `default_exp` line nbdev reads)."
+    import json
+
+    for nb in NOTEBOOKS:
+        if nb.name == "index.ipynb":
+            continue
+        code = ["".join(c["source"]) for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "code"]
+        first = next(s for s in code if not s.startswith("#| default_exp"))
+        assert "import _kernel_check" in first, f"{nb.name}: the first cell does not check the kernel"
+
+
+def test_a_kernel_without_the_package_gets_one_message_not_a_traceback():
+    "In IPython (what JupyterLab runs), a kernel that cannot import the package is told what to run, and nothing else."
+    code = "import sys; sys.modules['agent_r1_tutorial.core'] = None; import _kernel_check"
+    res = subprocess.run([venv_bin("python"), "-m", "IPython", "--quick", "--no-banner", "-c", code],
+                         cwd=ROOT / "nbs", capture_output=True, text=True, timeout=120)
+    out = res.stdout + res.stderr
+    assert "cannot import agent_r1_tutorial" in out and "bash scripts/lab.sh" in out, out
+    assert "Traceback" not in out and "File " not in out, out
+    ok = subprocess.run([venv_bin("python"), "-c", "import _kernel_check"], cwd=ROOT / "nbs", capture_output=True,
+                        text=True, timeout=120)
+    assert ok.returncode == 0 and not ok.stdout.strip(), ok.stdout + ok.stderr  # the package here: silent
