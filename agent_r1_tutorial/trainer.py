@@ -11,8 +11,8 @@ import math
 import os
 import random
 import shutil
+import logging
 import time
-import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -619,6 +619,7 @@ def _end_step(self: Trainer, metrics: dict):
 
 # %% ../nbs/10_trainer.ipynb #23a82b8e
 PROCESS_ONLY_STEPS = 3  # steps in a row with signal from process rewards alone before the trainer warns
+# (on the `logging` logger `agent_r1_tutorial.trainer`: printed without a configured handler, and filterable)
 
 
 @patch
@@ -640,11 +641,11 @@ def _warn_if_process_only(self: Trainer, metrics: dict):
     alone = metrics["groups/with_variance"] > 0 and metrics["groups/outcome_with_variance"] == 0
     self.process_only_steps = self.process_only_steps + 1 if alone else 0
     if self.process_only_steps == PROCESS_ONLY_STEPS:
-        warnings.warn(
+        logging.getLogger("agent_r1_tutorial.trainer").warning(
             f"for {PROCESS_ONLY_STEPS} steps no group's outcome rewards differed: the updates learned from process "
             "rewards or score shaping alone (ToolEnv's invalid_call_reward penalises failed calls, which teaches the "
             "policy to stop calling tools). Warm-start the policy until some episodes succeed (SFT on "
-            "demonstrations), or set process_rewards='off'.", stacklevel=3)
+            "demonstrations), or set process_rewards='off'.")
 
 # %% ../nbs/10_trainer.ipynb #8973e252
 @patch

@@ -72,7 +72,11 @@ def run(path: Path, timeout: int) -> bool:
             os.environ["IN_TEST"] = env_before
     leaks = _leaks(nb)
     if leaks:
-        print(f"FAILED {path.name}: outputs show this machine ({'; '.join(leaks[:5])})", file=sys.stderr)
+        kept = ROOT / "_build" / "failed" / path.name  # the run is kept for a look, not saved over the chapter
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, kept)
+        print(f"FAILED {path.name}: outputs show this machine ({'; '.join(leaks[:5])}); the run is in {kept}",
+              file=sys.stderr)
         return False
     nbformat.write(nb, path)
     print(f"ran {path.name} in {time.perf_counter() - t0:.0f} s")

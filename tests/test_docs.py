@@ -387,8 +387,8 @@ def test_long_outputs_fold_and_open(site, server, browser):
     assert not page.query_selector_all(".output-folded img")
     assert not problems
     page.close()
-    # the speedrun page's report cards are Markdown outputs taller than 40rem, and stay whole
-    page, problems = _open(browser, server + "speedrun.html")
+    # the text-game page's report card is a Markdown output taller than 40rem, and stays whole
+    page, problems = _open(browser, server + "gamerun.html")
     cards = page.evaluate("[...document.querySelectorAll('.cell-output-markdown')].map(o => "
                           "[o.scrollHeight, o.classList.contains('output-folded')])")
     rem = page.evaluate("parseFloat(getComputedStyle(document.documentElement).fontSize)")
