@@ -414,7 +414,7 @@ def write_game_report(run_dir: str | Path) -> Path:
              f"{cfg['train_games']} training and {cfg['eval_games']} held-out games of levels 1 to {cfg['max_level']},"
              f" {cfg['max_steps']} commands per game. The model learns from a teacher that looks around after a move "
              f"with probability {cfg['dawdle']}, then RL ({cfg['algorithm']}, {ev.get('rl_steps', 0)} steps, "
-             f"{ev.get('rl_seconds', 0.0):.0f} s) trains it on the win alone.", "",
+             f"{ev.get('rl_seconds', 0.0):.0f} s of updates) trains it on the win alone.", "",
              "## Held-out games", "",
              "| policy | win | win on SFT's weak levels | score | steps | steps to a win | look | inadmissible | "
              "malformed |", "|---|---|---|---|---|---|---|---|---|"]

@@ -304,8 +304,10 @@ _LAYOUT_JS = """() => {
   const col = main.clientWidth;
   const out = {col, pre: [], tables: [], math: [], figures: [], toc_in_outputs: [], nav: 0};
   const over = el => el.scrollWidth - el.clientWidth;
-  // code and API signatures; printed outputs (transcripts, logs) may scroll inside their box
-  for (const el of main.querySelectorAll('pre.sourceCode')) if (el.offsetParent && over(el) > 2)
+  // code and API signatures; printed outputs (transcripts, logs) may scroll inside their box, and so may source a
+  // reader unfolds on a reference page (a closed <details> lays its content out with no width at all)
+  for (const el of main.querySelectorAll('pre.sourceCode'))
+    if (el.offsetParent && !el.closest('details:not([open])') && over(el) > 2)
     out.pre.push(el.innerText.split('\\n').reduce((a, b) => a.length > b.length ? a : b).slice(0, 60));
   for (const el of main.querySelectorAll('table')) if (el.offsetParent && el.getBoundingClientRect().width > col + 2)
     out.tables.push(el.innerText.slice(0, 60));
