@@ -50,6 +50,23 @@ def _leaks(nb) -> list[str]:
     return found
 
 
+def _for_the_page(nb) -> int:
+    """Drop what a static page cannot show: the outputs of `#| eval: false` cells (the page says they are not run
+    there) and live widgets (whose only static form is a raw `VBox(children=...)` repr). Returns the outputs dropped."""
+    dropped = 0
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        if re.search(r"^#\|\s*eval:\s*false\s*$", cell.source, re.M):
+            dropped += len(cell.get("outputs", []))
+            cell.outputs = []
+            continue
+        keep = [o for o in cell.get("outputs", []) if "application/vnd.jupyter.widget-view+json" not in (o.get("data") or {})]
+        dropped += len(cell.get("outputs", [])) - len(keep)
+        cell.outputs = keep
+    return dropped
+
+
 def run(path: Path, timeout: int) -> bool:
     "Execute one notebook in a fresh kernel and save it; False (and the notebook untouched) if it fails."
     import nbformat
@@ -70,6 +87,7 @@ def run(path: Path, timeout: int) -> bool:
     finally:
         if env_before is not None:
             os.environ["IN_TEST"] = env_before
+    _for_the_page(nb)
     leaks = _leaks(nb)
     if leaks:
         kept = ROOT / "_build" / "failed" / path.name  # the run is kept for a look, not saved over the chapter

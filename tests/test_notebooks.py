@@ -82,3 +82,27 @@ def test_a_kernel_without_the_package_gets_one_message_not_a_traceback():
     ok = subprocess.run([venv_bin("python"), "-c", "import _kernel_check"], cwd=ROOT / "nbs", capture_output=True,
                         text=True, timeout=120)
     assert ok.returncode == 0 and not ok.stdout.strip(), ok.stdout + ok.stderr  # the package here: silent
+
+
+def test_saved_outputs_keep_only_what_a_static_page_can_show():
+    "scripts/run_notebooks.py drops the outputs of `#| eval: false` cells and live widgets, and keeps the rest."
+    import importlib.util
+    import nbformat
+
+    spec = importlib.util.spec_from_file_location("run_notebooks", ROOT / "scripts" / "run_notebooks.py")
+    rn = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rn)
+    widget = nbformat.v4.new_output("display_data", data={"application/vnd.jupyter.widget-view+json": {"model_id": "x"},
+                                                          "text/plain": "VBox(children=(...))"})
+    text = nbformat.v4.new_output("stream", text="kept\n")
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("#| eval: false\nlaunch()", outputs=[text]),
+        nbformat.v4.new_code_cell("browser", outputs=[widget, text]),
+        nbformat.v4.new_code_cell("print('kept')", outputs=[text]),
+    ])
+    assert rn._for_the_page(nb) == 2
+    assert [len(c.outputs) for c in nb.cells] == [0, 1, 1]
+    assert nb.cells[1].outputs[0]["text"] == "kept\n"
+    # a leak of the machine in what is left is found
+    nb.cells[2].outputs = [nbformat.v4.new_output("stream", text="saved in /work/main/runs\n")]
+    assert rn._leaks(nb) and "cell 2" in rn._leaks(nb)[0]
