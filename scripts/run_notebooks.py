@@ -54,15 +54,11 @@ def _for_the_page(nb) -> int:
     """Drop what a static page cannot show: the outputs of `#| eval: false` cells (the page says they are not run
     there) and live widgets (whose only static form is a raw `VBox(children=...)` repr). Returns the outputs dropped."""
     dropped = 0
-    for cell in nb.cells:
-        if cell.cell_type != "code":
-            continue
-        if re.search(r"^#\|\s*eval:\s*false\s*$", cell.source, re.M):
-            dropped += len(cell.get("outputs", []))
-            cell.outputs = []
-            continue
-        keep = [o for o in cell.get("outputs", []) if "application/vnd.jupyter.widget-view+json" not in (o.get("data") or {})]
-        dropped += len(cell.get("outputs", [])) - len(keep)
+    for cell in (c for c in nb.cells if c.cell_type == "code"):
+        not_run = re.search(r"^#\|\s*eval:\s*false\s*$", cell.source, re.M)
+        keep = [] if not_run else [o for o in cell.outputs if "application/vnd.jupyter.widget-view+json" not in
+                                   (o.get("data") or {})]
+        dropped += len(cell.outputs) - len(keep)
         cell.outputs = keep
     return dropped
 
