@@ -466,3 +466,25 @@ def test_no_page_pans_sideways_on_a_phone_and_every_figure_has_alt_text(site, se
                      for src, alt in page.evaluate(_SHOWN_JS)["imgs"] if not alt.strip()]
         page.close()
     assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems)
+
+
+def test_wide_figures_stay_legible_on_a_phone(site, server, browser):
+    """A figure of several panels, opened on a phone, is not squeezed to the 360 px column (its labels would be a few
+    pixels high): it keeps 70% of its size, scrolls sideways inside its own box with a line that says so, and the page
+    itself still does not pan sideways. Narrow figures fit the column as before."""
+    page = browser.new_page(viewport={"width": 390, "height": 844})
+    page.goto(server + "losses.html")
+    page.wait_for_load_state("load")
+    imgs = page.evaluate("""() => [...document.querySelectorAll('.cell-output-display img')].map(i => ({
+        natural: i.naturalWidth, shown: i.getBoundingClientRect().width,
+        box: i.closest('.cell-output-display').clientWidth}))""")
+    wide = [i for i in imgs if i["natural"] >= 1.6 * i["box"]]
+    assert wide, f"losses.html has no multi-panel figure to check: {imgs}"
+    for i in wide:
+        assert i["shown"] >= 0.69 * i["natural"], f"a wide figure is squeezed on a phone: {i}"
+    for i in imgs:
+        if i not in wide:
+            assert i["shown"] <= i["box"] + 1, f"a narrow figure overflows its column: {i}"
+    assert page.locator(".figure-wide-hint").count() == len(wide)
+    assert page.evaluate("document.documentElement.scrollWidth") <= 392, "the page pans sideways"
+    page.close()
