@@ -423,6 +423,7 @@ class GamePolicyBackend(PolicyBackend):
 # %% ../nbs/10b_textgames.ipynb #56fbdddd
 def _chance(*parts) -> float:
     "A number in [0, 1) fixed by the parts: the same game, turn and salt give the same choice."
+    # callers name a game by its file name, not its path, so that no draw depends on the folder of the game cache
     return int.from_bytes(hashlib.sha256("|".join(map(str, parts)).encode()).digest()[:8], "big") / 2 ** 64
 
 
@@ -433,7 +434,7 @@ def walkthrough_expert(
 ) -> str:
     "The game's next solution command, in <action> tags; with probability `dawdle` after a move, `look` instead."
     last = env.infos[-1]["command"] if env.infos else None
-    if dawdle and last and last.startswith("go ") and _chance(salt, env.path, env.turn) < dawdle:
+    if dawdle and last and last.startswith("go ") and _chance(salt, Path(env.path).name, env.turn) < dawdle:
         return "<action>look</action>"
     plan = env.walkthrough
     return f"<action>{plan[0] if plan else 'look'}</action>"
@@ -445,7 +446,7 @@ def random_policy(
 ) -> str:
     "A uniformly random admissible command (the same salt, game and turn give the same command)."
     options = env.admissible or ["look"]
-    return f"<action>{options[int(_chance(salt, env.path, env.turn) * len(options))]}</action>"
+    return f"<action>{options[int(_chance(salt, Path(env.path).name, env.turn) * len(options))]}</action>"
 
 # %% ../nbs/10b_textgames.ipynb #4bd94dfd
 def play_games(
