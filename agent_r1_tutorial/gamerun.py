@@ -31,15 +31,15 @@ from .tinylm import tiny_qwen2, train_tokenizer
 from .trainer import ALGORITHMS, Trainer, TrainerConfig, latest_checkpoint
 
 # %% auto #0
-__all__ = ['GAME_PRESETS', 'TRAIN_SEED0', 'EVAL_SEED0', 'GAME_STAGES', 'POLICIES', 'RL_FIELDS', 'FRESH_SEED0', 'GameRunConfig',
-           'game_specs', 'game_tasks', 'game_env', 'teacher', 'teacher_demos', 'by_level', 'game_summary',
-           'evaluate_games', 'sft_ready', 'weak_levels', 'win_on', 'game_trainer_config', 'run_gamerun',
+__all__ = ['GAME_PRESETS', 'TRAIN_SEED0', 'EVAL_SEED0', 'SPLITS', 'GAME_STAGES', 'POLICIES', 'RL_FIELDS', 'FRESH_SEED0',
+           'GameRunConfig', 'game_specs', 'game_tasks', 'game_env', 'teacher', 'teacher_demos', 'by_level',
+           'game_summary', 'evaluate_games', 'sft_ready', 'weak_levels', 'win_on', 'game_trainer_config', 'run_gamerun',
            'write_game_report', 'fork_game_run', 'plot_game_run', 'fresh_game', 'play_turns', 'rl_step_costs']
 
 # %% ../nbs/11a_gamerun.ipynb #f6fe8776
 GAME_PRESETS = {  # name -> overrides of GameRunConfig's defaults (the defaults are the laptop run)
     "tiny": {},
-    "ci": dict(train_games=6, eval_games=4, max_level=2, demo_plays=1, vocab_size=600, hidden_size=32,
+    "ci": dict(train_games=6, rl_games=2, eval_games=4, max_level=2, demo_plays=1, vocab_size=600, hidden_size=32,
                sft_steps=20, sft_batch_size=4, rl_steps=2, prompts_per_step=2, group_size=2, rl_eval_every=0,
                sft_eval_every=0),
 }
@@ -52,7 +52,8 @@ class GameRunConfig:
     algorithm: str = "grpo"  # one of trainer.ALGORITHMS; "steppo" for step-level credit
     challenge: str = "tw-coin_collector"
     max_level: int = 7  # games of levels 1..max_level, in turn (a level-L route takes L commands)
-    train_games: int = 480  # training games (the teacher plays them, then RL does)
+    train_games: int = 480  # training games: the teacher plays them for SFT
+    rl_games: int = 240  # games RL plays: the seeds after the training games (0: RL replays the training games)
     eval_games: int = 70  # held-out games (other TextWorld seeds): 10 per level
     max_steps: int = 8  # commands per episode: one to spare on level 7, too few for the teacher from level 5 on
     dawdle: float = 0.7  # the teacher's chance of a `look` right after a move (0 is the optimal expert)
@@ -86,7 +87,7 @@ class GameRunConfig:
             v = getattr(self, name)
             if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
-        for name in ("sft_steps", "rl_steps", "sft_eval_every", "rl_eval_every", "seed"):
+        for name in ("rl_games", "sft_steps", "rl_steps", "sft_eval_every", "rl_eval_every", "seed"):
             v = getattr(self, name)
             if not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
                 raise ValueError(f"{name} must be a non-negative int, got {v!r}")
@@ -119,20 +120,27 @@ def from_sets(
     return cls.preset(preset, **{**fields, **parse_sets(sets)})  # chapter 11's parser
 
 # %% ../nbs/11a_gamerun.ipynb #9cc62a36
-TRAIN_SEED0, EVAL_SEED0 = 1000, 5000  # TextWorld seeds of the training and held-out games: no game is in both
+TRAIN_SEED0, EVAL_SEED0 = 1000, 5000  # TextWorld seeds of the training (SFT, then RL) and held-out games
+SPLITS = ("train", "rl", "eval")
 
 
 def game_specs(cfg: GameRunConfig, split: str) -> list[GameSpec]:
     "The games of a split: levels 1..max_level in turn, each game its own TextWorld seed, detailed objectives."
-    if split not in ("train", "eval"):
-        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-    n, seed0 = (cfg.train_games, TRAIN_SEED0) if split == "train" else (cfg.eval_games, EVAL_SEED0)
-    return [GameSpec(cfg.challenge, seed=seed0 + i, level=1 + i % cfg.max_level, brief=False) for i in range(n)]
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if cfg.train_games + cfg.rl_games > EVAL_SEED0 - TRAIN_SEED0:
+        raise ValueError(f"train_games + rl_games must be at most {EVAL_SEED0 - TRAIN_SEED0}: more would reach the "
+                         f"held-out games' seeds")
+    # RL's games continue the training sequence past SFT's games: the levels in the same turn, seeds SFT never saw
+    seed0, first, n = {"train": (TRAIN_SEED0, 0, cfg.train_games), "rl": (TRAIN_SEED0, cfg.train_games, cfg.rl_games),
+                       "eval": (EVAL_SEED0, 0, cfg.eval_games)}[split]
+    return [GameSpec(cfg.challenge, seed=seed0 + i, level=1 + i % cfg.max_level, brief=False)
+            for i in range(first, first + n)]
 
 
 def game_tasks(
     cfg: GameRunConfig,
-    split: str,  # "train" or "eval"
+    split: str,  # "train", "rl" or "eval"
     out_dir: str | Path | None = None,  # the game cache (default `games_dir()`)
     progress: bool = True,
     workers: int | None = None,  # processes generating games (default: the CPU count, at most 4)
@@ -277,6 +285,7 @@ def _game_data_stage(cfg, run_dir: Path, evals: dict, progress: bool):
     "Games, the teacher's episodes, the tokenizer trained on them, and the scripted baselines on held-out games."
     t0 = time.perf_counter()
     train, held_out = game_tasks(cfg, "train", progress=progress), game_tasks(cfg, "eval", progress=progress)
+    game_tasks(cfg, "rl", progress=progress)  # generated with the others: RL's stage then starts at once
     boot, _ = _bootstrap_tokenizer()  # records the first episodes; the run's tokenizer is trained on their text
     texts = [boot.decode(t.steps[-1].obs_ids + t.steps[-1].action_ids) for t in teacher_demos(cfg, boot, train)]
     tok = train_tokenizer(texts, vocab_size=cfg.vocab_size, trailing_spaces=True)
@@ -313,10 +322,12 @@ def _game_sft_stage(cfg, run_dir: Path, evals: dict, tok, progress: bool):
 
 
 def _game_rl_stage(cfg, run_dir: Path, evals: dict, tok, progress: bool):
-    "RL from the SFT model on the training games, for `rl_steps` steps or `rl_seconds`, resumed from a checkpoint."
+    "RL from the SFT model on its own games, for `rl_steps` steps or `rl_seconds`, resumed from a checkpoint."
     t0 = time.perf_counter()
-    train, held_out = game_tasks(cfg, "train", progress=False), game_tasks(cfg, "eval", progress=False)
-    trainer = Trainer(_load_model(run_dir / "sft_model"), tok, game_env(cfg), train,
+    # SFT replayed every training game dozens of times; on games it never saw, a group's episodes differ far more often
+    games = game_tasks(cfg, "rl" if cfg.rl_games else "train", progress=progress)
+    held_out = game_tasks(cfg, "eval", progress=False)
+    trainer = Trainer(_load_model(run_dir / "sft_model"), tok, game_env(cfg), games,
                       game_trainer_config(cfg, run_dir / "rl"))
     if (ckpt := latest_checkpoint(run_dir / "rl")) is not None:
         trainer.load_checkpoint(ckpt)
@@ -414,7 +425,8 @@ def write_game_report(run_dir: str | Path) -> Path:
              f"{cfg['train_games']} training and {cfg['eval_games']} held-out games of levels 1 to {cfg['max_level']},"
              f" {cfg['max_steps']} commands per game. The model learns from a teacher that looks around after a move "
              f"with probability {cfg['dawdle']}, then RL ({cfg['algorithm']}, {ev.get('rl_steps', 0)} steps, "
-             f"{ev.get('rl_seconds', 0.0):.0f} s of updates) trains it on the win alone.", "",
+             f"{ev.get('rl_seconds', 0.0):.0f} s of updates) trains it on the win alone"
+             + (f", on {cfg['rl_games']} games SFT never saw." if cfg.get("rl_games") else "."), "",
              "## Held-out games", "",
              "| policy | win | win on SFT's weak levels | score | steps | steps to a win | look | inadmissible | "
              "malformed |", "|---|---|---|---|---|---|---|---|---|"]
@@ -444,7 +456,7 @@ def write_game_report(run_dir: str | Path) -> Path:
     return out
 
 # %% ../nbs/11a_gamerun.ipynb #0225772c
-RL_FIELDS = ("algorithm", "rl_steps", "rl_seconds", "rl_lr", "critic_lr", "prompts_per_step", "group_size",
+RL_FIELDS = ("algorithm", "rl_games", "rl_steps", "rl_seconds", "rl_lr", "critic_lr", "prompts_per_step", "group_size",
              "temperature", "rl_eval_every", "threads")  # what a fork may change: nothing before RL depends on it
 
 

@@ -111,7 +111,8 @@ def main(argv=None) -> int:
              "steps | look | inadmissible | RL steps | RL s | all stages s | targets |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        met = r["final_weak"] >= 0.8 and r["sft_weak"] <= 0.5 and (r["total_s"] or 0) <= 1200
+        # rounded: a win rate of 24 games in 30 is 0.8, though its float average of level rates is 0.7999...
+        met = round(r["final_weak"], 9) >= 0.8 and r["sft_weak"] <= 0.5 and (r["total_s"] or 0) <= 1200
         target = ("met" if met else "not met") if r["total_s"] is not None else "-"
         lines.append(f"| {r['seed']} | {r['algorithm']} | {r['sft_win']:.3f} | {r['win']:.3f} | "
                      f"{','.join(map(str, r['weak']))} | {r['sft_weak']:.3f} | {r['final_weak']:.3f} | "
