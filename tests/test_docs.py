@@ -408,9 +408,9 @@ TAUGHT = {
     "mdp.html": ["class Step", "class Trajectory", "def sequence_ids", "def token_roles"],
     "masks.html": ["def growing_layout", "def step_layout", "def collate", "def compute_log_probs"],
     "tools.html": ["class BaseTool", "class ToolResult", "class ToolFormat", "class HermesFormat", "class SearchR1Format",
-                   "def run_tool_calls"],
-    "envs.html": ["class AgentEnv", "class ToolEnv", "def _step"],
-    "rollout.html": ["class AgentEnvLoop", "def run", "def generate", "def to_batch"],
+                   "def run_tool_calls", "def register_tool", "def truncate_text"],
+    "envs.html": ["class AgentEnv", "class ToolEnv", "def _step", "def make_env", "def step_envs", "class Summarize"],
+    "rollout.html": ["class AgentEnvLoop", "def run", "def generate", "def to_batch", "def sdpa_gqa"],
     "rewards.html": ["def exact_match", "def f1_score", "def format_reward", "def place_step_rewards",
                      "def compute_score"],
     "advantages.html": ["def compute_gae_advantage_return", "def compute_step_gae_advantage_return",
@@ -421,6 +421,9 @@ TAUGHT = {
     "trainer.html": ["class Trainer", "def step", "def rollout", "def _scores", "def _log_probs", "def _advantages",
                      "def _policy_loss", "def _update", "def train"],
     "verl.html": ["def run_agent_episode", "def verl_agent_loop_class", "class Ar1AgentLoop"],
+    "worlds.html": ["def make_split", "def arith_problem"],
+    "textgames.html": ["def clean_feedback", "class GamePolicyBackend", "def play_games", "def game_metrics"],
+    "gamerun.html": ["def game_specs", "def sft_ready", "def weak_levels", "def rl_step_costs"],
 }
 
 _SHOWN_JS = """() => {
