@@ -240,8 +240,8 @@ def stage_logs(proc: Path) -> list[str]:
         m = re.match(r"#\s+(.+)\n", text)
         if not m:
             raise BuildError(f"{src} must open with a '# title' line")
-        front = {"title": m.group(1).strip(), "description": "What was run and measured, oldest last, before the "
-                                                            "chapter's defaults were chosen"}
+        front = {"title": m.group(1).strip(), "description": "What was run and measured while the chapter's "
+                                                            "defaults were chosen"}
         (proc / f"{stem}.md").write_text(f"---\n{yaml.safe_dump(front, allow_unicode=True, width=10**6)}---\n\n"
                                          + text[m.end():], encoding="utf-8")
         pages.append(f"{stem}.md")
