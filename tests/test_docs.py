@@ -405,6 +405,7 @@ def test_long_outputs_fold_and_open(site, server, browser):
 # The functions and classes the tutorial exists to teach: each one's full source is on its chapter's page, open, where
 # the prose explains it (`#| exports`); the rest of the library is one click away on the reference pages.
 TAUGHT = {
+    "core.html": ["def get_device", "class Registry"],
     "mdp.html": ["class Step", "class Trajectory", "def sequence_ids", "def token_roles"],
     "masks.html": ["def growing_layout", "def step_layout", "def collate", "def compute_log_probs"],
     "tools.html": ["class BaseTool", "class ToolResult", "class ToolFormat", "class HermesFormat", "class SearchR1Format",
