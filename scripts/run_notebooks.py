@@ -24,6 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 NBS = ROOT / "nbs"
 # what a saved output must never hold: the machine that ran it
 _LEAKS = re.compile(r"/work/|/root/|/home/\w+/|/tmp/tmp|site-packages")
+# ... nor a library's log noise: timestamped log lines, torch's C++ notes, progress bars
+_NOISE = re.compile(r"^(?:WARNING|INFO|DEBUG):\d{4}-\d\d-\d\d|^\[rank\d+\]:\[[WIE]|\d+/\d+ \[\d\d:\d\d|[\d.]+it/s\]", re.M)
 
 
 def _chapters(args: list[str]) -> list[Path]:
@@ -44,9 +46,10 @@ def _leaks(nb) -> list[str]:
     for i, cell in enumerate(nb.cells):
         for out in cell.get("outputs", []):
             text = out.get("text") or "".join(str(v) for k, v in (out.get("data") or {}).items() if k.startswith("text"))
-            m = _LEAKS.search(str(text))
-            if m:
-                found.append(f"cell {i}: {m.group(0)!r}")
+            for pattern in (_LEAKS, _NOISE):
+                m = pattern.search(str(text))
+                if m:
+                    found.append(f"cell {i}: {m.group(0)!r}")
     return found
 
 
@@ -89,7 +92,7 @@ def run(path: Path, timeout: int) -> bool:
         kept = ROOT / "_build" / "failed" / path.name  # the run is kept for a look, not saved over the chapter
         kept.parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, kept)
-        print(f"FAILED {path.name}: outputs show this machine ({'; '.join(leaks[:5])}); the run is in {kept}",
+        print(f"FAILED {path.name}: outputs show this machine or log noise ({'; '.join(leaks[:5])}); the run is in {kept}",
               file=sys.stderr)
         return False
     nbformat.write(nb, path)

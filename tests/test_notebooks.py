@@ -106,3 +106,23 @@ def test_saved_outputs_keep_only_what_a_static_page_can_show():
     # a leak of the machine in what is left is found
     nb.cells[2].outputs = [nbformat.v4.new_output("stream", text="saved in /work/main/runs\n")]
     assert rn._leaks(nb) and "cell 2" in rn._leaks(nb)[0]
+    # and so is a library's log line or a progress bar
+    for noise in ("WARNING:2026-11-27 06:21:24,578:No supported accelerator detected.\n",
+                  "[rank0]:[W1127 06:21:47.490540243 ProcessGroup.hpp:1006] Warning: No backend\n",
+                  "Loading weights: 100%|##########| 26/26 [00:00<00:00, 2196.15it/s]\n"):
+        nb.cells[2].outputs = [nbformat.v4.new_output("stream", name="stderr", text=noise)]
+        assert rn._leaks(nb), noise
+    nb.cells[2].outputs = [nbformat.v4.new_output("stream", text="warning: RL has no signal in 3 steps\n")]
+    assert not rn._leaks(nb)  # a message of ours is not noise
+
+
+def test_no_saved_output_shows_the_machine_or_log_noise():
+    "What the site renders: every saved output of every chapter, checked as scripts/run_notebooks.py checks a run."
+    import importlib.util
+    import nbformat
+
+    spec = importlib.util.spec_from_file_location("run_notebooks", ROOT / "scripts" / "run_notebooks.py")
+    rn = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rn)
+    found = {p.name: rn._leaks(nbformat.read(p, as_version=4)) for p in NOTEBOOKS}
+    assert not {k: v for k, v in found.items() if v}
