@@ -84,14 +84,21 @@ def test_a_kernel_without_the_package_gets_one_message_not_a_traceback():
     assert ok.returncode == 0 and not ok.stdout.strip(), ok.stdout + ok.stderr  # the package here: silent
 
 
-def test_saved_outputs_keep_only_what_a_static_page_can_show():
-    "scripts/run_notebooks.py drops the outputs of `#| eval: false` cells and live widgets, and keeps the rest."
+def _run_notebooks_script():
+    "scripts/run_notebooks.py as a module (scripts/ is not a package)."
     import importlib.util
-    import nbformat
 
     spec = importlib.util.spec_from_file_location("run_notebooks", ROOT / "scripts" / "run_notebooks.py")
     rn = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(rn)
+    return rn
+
+
+def test_saved_outputs_keep_only_what_a_static_page_can_show():
+    "scripts/run_notebooks.py drops the outputs of `#| eval: false` cells and live widgets, and keeps the rest."
+    import nbformat
+
+    rn = _run_notebooks_script()
     widget = nbformat.v4.new_output("display_data", data={"application/vnd.jupyter.widget-view+json": {"model_id": "x"},
                                                           "text/plain": "VBox(children=(...))"})
     text = nbformat.v4.new_output("stream", text="kept\n")
@@ -118,11 +125,8 @@ def test_saved_outputs_keep_only_what_a_static_page_can_show():
 
 def test_no_saved_output_shows_the_machine_or_log_noise():
     "What the site renders: every saved output of every chapter, checked as scripts/run_notebooks.py checks a run."
-    import importlib.util
     import nbformat
 
-    spec = importlib.util.spec_from_file_location("run_notebooks", ROOT / "scripts" / "run_notebooks.py")
-    rn = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rn)
+    rn = _run_notebooks_script()
     found = {p.name: rn._leaks(nbformat.read(p, as_version=4)) for p in NOTEBOOKS}
     assert not {k: v for k, v in found.items() if v}
