@@ -109,6 +109,88 @@ def stage_pages(proc: Path, git_url: str) -> dict[str, str]:
     return renames
 
 
+_CHAPTER_NB = re.compile(r"^(\d{2}[a-z]?)_")
+# a chapter's number after "chapter(s)", and the numbers listed after it ("chapters 10 and 11", "chapters 12 to 15")
+_CHAPTER_MENTION = re.compile(r"\b([Cc]hapters?)(\s+)(\d{2}[a-z]?\b(?:(?:,\s*|\s+and\s+|\s+or\s+|\s+to\s+|\s*–\s*)"
+                              r"\d{2}[a-z]?\b)*)")
+# what a link must not go inside: code, links, HTML tags, maths
+_NOT_PROSE = re.compile(r"(```.*?```|`[^`\n]*`|!?\[[^\]\n]*\]\([^)\n]*\)|<[^>\n]+>|\$\$.*?\$\$|\$[^$\n]+\$)", re.S)
+
+
+def chapter_pages(renames: dict[str, str]) -> dict[str, str]:
+    "Chapter number -> processed page (`12` -> `verl.ipynb`), from the notebooks' file names."
+    pages = {}
+    for nb in sorted((ROOT / "nbs").glob("*.ipynb")):
+        if m := _CHAPTER_NB.match(nb.name):
+            pages[m.group(1)] = renames.get(nb.name, nb.name)
+    return pages
+
+
+def link_chapter_mentions(text: str, pages: dict[str, str], own: str = "") -> str:
+    """Link every "chapter 12" in Markdown prose to that chapter's page (headings, code, links and maths untouched):
+    a reader meets chapters by number far more often than by title."""
+    def numbers(m):
+        out = m.group(1) + m.group(2)
+        for i, part in enumerate(re.split(r"(\d{2}[a-z]?\b)", m.group(3))):
+            page = pages.get(part) if i % 2 else None
+            if not page or page == own:
+                out += part
+            else:  # the first number's link takes the word "chapter" with it
+                out = f"[{out}{part}]({page})" if i == 1 else f"{out}[{part}]({page})"
+        return out
+    out, fence, block, prev_blank = [], False, False, True
+    for line in text.split("\n"):
+        s = line.strip()
+        if s.startswith(("```", "~~~", "$$")):  # a code fence or display maths opens or closes
+            fence = not fence if not (s.startswith("$$") and s.endswith("$$") and len(s) > 2) else fence
+        elif not fence:
+            block = (block or (prev_blank and s.startswith("<"))) and bool(s)  # an HTML block runs to a blank line
+            if not block and not s.startswith("#"):
+                line = "".join(p if i % 2 else _CHAPTER_MENTION.sub(numbers, p)
+                               for i, p in enumerate(_NOT_PROSE.split(line)))
+        prev_blank = not s
+        out.append(line)
+    return "\n".join(out)
+
+
+def number_chapters(proc: Path, renames: dict[str, str]) -> int:
+    """Put each chapter's number in its title (so in the page's heading and the sidebar) and link the chapters its
+    prose mentions by number; returns the links made."""
+    import yaml
+
+    pages = chapter_pages(renames)
+    made = 0
+    for num, page in pages.items():
+        path = proc / page
+        nb = json.loads(path.read_text())
+        front = _frontmatter(nb)
+        if front.get("title"):
+            front["title"] = f"{num} · {front['title']}"
+            nb["cells"][0]["source"] = "---\n" + yaml.safe_dump(front, allow_unicode=True, width=10**6) + "---\n"
+        for cell in nb["cells"]:
+            if cell["cell_type"] == "markdown":
+                src = "".join(cell["source"])
+                new = link_chapter_mentions(src, pages, own=page)
+                made += new.count("](") - src.count("](")
+                cell["source"] = new
+        path.write_text(json.dumps(nb, ensure_ascii=False))
+    side = proc / "sidebar.yml"
+    data = yaml.safe_load(side.read_text())
+    number = {page: num for num, page in pages.items()}
+    def walk(items):
+        for i, item in enumerate(items):
+            if isinstance(item, dict) and "contents" in item:
+                walk(item["contents"])
+            elif isinstance(item, dict) and item.get("href") in number and "text" in item:
+                item["text"] = f"{number[item['href']]} · {item['text']}"
+    walk(data["website"]["sidebar"]["contents"])
+    side.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+    for log in proc.glob("*_log.md"):
+        text = log.read_text(encoding="utf-8")
+        log.write_text(link_chapter_mentions(text, pages), encoding="utf-8")
+    return made
+
+
 _SHOW_DOC = re.compile(r"^(?:#\|.*\n)*\s*show_doc\(", re.M)
 _ENTRY_HEADING = re.compile(r"^#{2,4} +(.+?) *$", re.M)
 _FOLD = re.compile(r'^#\| code-summary: "Exported source"$', re.M)
@@ -242,8 +324,15 @@ def stage_logs(proc: Path) -> list[str]:
             raise BuildError(f"{src} must open with a '# title' line")
         front = {"title": m.group(1).strip(), "description": "What was run and measured while the chapter's "
                                                             "defaults were chosen"}
+        body = text[m.end():]
+        for img in sorted(set(re.findall(r"!\[[^\]]*\]\(([^)\s]+\.png)\)", body))):  # its figures go beside the page
+            if not (src.parent / img).is_file():
+                raise BuildError(f"{src} shows {img}, which is not in {src.parent}")
+            flat = f"{stem}_{img.replace('/', '_')}"
+            shutil.copy(src.parent / img, proc / flat)
+            body = body.replace(f"]({img})", f"]({flat})")
         (proc / f"{stem}.md").write_text(f"---\n{yaml.safe_dump(front, allow_unicode=True, width=10**6)}---\n\n"
-                                         + text[m.end():], encoding="utf-8")
+                                         + body, encoding="utf-8")
         pages.append(f"{stem}.md")
     return pages
 
@@ -416,6 +505,15 @@ def fix_private_anchors(out: Path) -> int:
     return fixed
 
 
+def write_favicon(out: Path):
+    "A small icon for the browser tab (browsers ask for /favicon.ico on every page; without one they log a 404)."
+    from PIL import Image, ImageDraw
+
+    img = Image.new("RGBA", (32, 32), (44, 123, 229, 255))
+    ImageDraw.Draw(img).rectangle([8, 8, 23, 23], outline=(255, 255, 255, 255), width=3)
+    img.save(out / "favicon.ico", sizes=[(32, 32), (16, 16)])
+
+
 def build(out: Path) -> dict:
     "The whole build; returns a summary."
     from nbdev.config import get_config
@@ -426,18 +524,21 @@ def build(out: Path) -> dict:
     modules = {renames.get(nb.name, nb.name): f"{get_config().lib_name}.{exp}"
                for nb in sorted((ROOT / "nbs").glob("*.ipynb")) if (exp := _default_exp(nb))}
     reference = split_reference(proc, modules)
-    add_to_sidebar(proc, "Development logs", stage_logs(proc))
+    logs = stage_logs(proc)
+    links = number_chapters(proc, renames)
+    add_to_sidebar(proc, "Development logs", logs)
     add_to_sidebar(proc, REFERENCE_SECTION, sorted(reference))
     notes = render(proc, out)
     fix_private_anchors(out)
     fold_reference_section(out)
+    write_favicon(out)
     pages = bundle_katex(out)
     dropped = drop_remote_css_imports(out)
     check_offline(out)
     return {"out": str(out), "pages": sorted(p.name for p in out.glob("*.html")), "renamed": renames,
             "api_entries": sum(reference.values()),
             "katex_pages": pages, "remote_css_imports_dropped": len(dropped),
-            "quarto_only_notes": len(notes)}
+            "quarto_only_notes": len(notes), "chapter_links": links}
 
 
 def main(argv=None):
