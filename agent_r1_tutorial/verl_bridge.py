@@ -114,6 +114,71 @@ def env_from_row(
     reset = extra.get("reset_kwargs")  # a game names its file here; a tool task's reset takes the prompt
     return env, (dict(reset) if isinstance(reset, dict) else {"prompt": [dict(m) for m in messages]})
 
+# %% ../nbs/12_verl.ipynb #af8dd828
+async def run_agent_episode(
+    server_manager,  # anything with verl's `async generate(request_id, *, prompt_ids, sampling_params)` -> token ids
+    tokenizer,  # the policy's tokenizer, with its chat template
+    env: AgentEnv,  # the environment (reset here)
+    task: dict,  # the keyword arguments of its reset
+    sampling_params: dict | None = None,  # passed to the server every turn; max_tokens is set here from the budget
+    max_response_length: int = 4096,  # tokens after the prompt: every turn and every reply between them
+    max_turns: int | None = None,  # a cap on model turns on top of the environment's own
+    max_prompt_length: int | None = None,  # a longer first observation keeps only its last tokens (as verl's loops do)
+    request_id: str | None = None,  # one id per episode: verl routes every turn to the same server (prefix cache)
+    on_step: Callable[[Step], Any] | None = None,  # called after every step (scripts/chat.py prints them)
+) -> Trajectory:  # the episode as chapter 01's Trajectory, with timings in its metadata
+    """Play one episode through a token-in/token-out server: sampled ids kept exactly, environment ids appended with
+    mask 0."""
+    eos = _episode_checks(tokenizer, max_response_length, max_turns)
+    rid = request_id or uuid.uuid4().hex
+    base = {k: v for k, v in (sampling_params or {}).items() if k not in ("max_tokens", "max_new_tokens")}
+    t0 = time.perf_counter()
+    obs, context, prompt_cut = await _first_context(env, task, tokenizer, max_prompt_length)
+    start = len(context)  # where the current growing row's response begins
+    steps, outcome, gen_s, env_s, preempted, versions = [], None, 0.0, time.perf_counter() - t0, 0, {}
+    for turn in itertools.count():
+        room = max_response_length - (len(context) - start)
+        t = time.perf_counter()
+        out, ids, lps = await _sample_turn(server_manager, rid, context, base, room, versions, turn == 0)
+        gen_s, preempted = gen_s + time.perf_counter() - t, preempted + (getattr(out, "num_preempted", None) or 0)
+        # the budget ran out before an end-of-turn token: the environment truncates such a turn (servers name their
+        # stop reasons differently, so it is read from the tokens)
+        cut = len(ids) >= room and ids[-1] != eos
+        action = Action(tokenizer.decode(ids, skip_special_tokens=True), ids, stop_reason="length" if cut else "stop")
+        n_history, t = len(getattr(env, "history", []) or []), time.perf_counter()
+        new_obs, reward, term, trunc, info = await env.astep(action)
+        env_s += time.perf_counter() - t
+        if info.get("outcome_reward") is not None:
+            outcome = float(info["outcome_reward"])
+        reason, env_ids, roles, nxt, extra = info.get("reason"), [], None, None, {}
+        if not (term or trunc):
+            env_ids, roles, nxt, extra, stop = _after_turn(tokenizer, env, obs, new_obs, ids, context, start,
+                                                           max_response_length, n_history,
+                                                           max_turns is not None and turn + 1 >= max_turns)
+            trunc, reason = stop is not None, stop or reason
+            if stop is not None:  # a budget of this loop ended it: the environment may judge the unfinished episode
+                judged = env.stop(stop)
+                if judged is not None:
+                    outcome, extra = judged, {**extra, "outcome_reward": judged}
+        done = term or trunc
+        steps.append(Step(obs_ids=list(context), action_ids=ids, action_logprobs=lps or [0.0] * len(ids),
+                          env_ids=env_ids, env_roles=roles, action_text=action.text, feedback=_feedback(obs, new_obs),
+                          reward=reward - (info.get("outcome_reward") or 0.0), terminated=term,
+                          truncated=trunc and not term, reason=(reason or "ended") if done else "", next_obs_ids=nxt,
+                          info=_jsonable({**info, **extra, "reason": reason, "stop_reason": out.stop_reason,
+                                          "turn": turn, "has_logprobs": lps is not None})))
+        if on_step is not None:
+            on_step(steps[-1])
+        if done:
+            break
+        if not env_ids:  # rewritten: a new growing row starts here
+            start = len(nxt)
+        obs, context = new_obs, nxt
+    meta = {"request_id": rid, "generate_s": gen_s, "env_s": env_s, "num_preempted": preempted,
+            "outcome_from_env": outcome is not None, "prompt_truncated": prompt_cut,
+            "has_logprobs": all(s.info["has_logprobs"] for s in steps), **versions}
+    return Trajectory(steps, outcome_reward=outcome or 0.0, uid=rid, group="", metadata=meta)
+
 # %% ../nbs/12_verl.ipynb #cbd4d2dc
 import uuid
 
@@ -184,71 +249,6 @@ def _after_turn(tokenizer, env, obs: Observation, new_obs: Observation, ids: lis
     if last_turn:
         return [], None, None, {}, "max_turns"
     return env_ids, roles, nxt, extra, None
-
-# %% ../nbs/12_verl.ipynb #af8dd828
-async def run_agent_episode(
-    server_manager,  # anything with verl's `async generate(request_id, *, prompt_ids, sampling_params)` -> token ids
-    tokenizer,  # the policy's tokenizer, with its chat template
-    env: AgentEnv,  # the environment (reset here)
-    task: dict,  # the keyword arguments of its reset
-    sampling_params: dict | None = None,  # passed to the server every turn; max_tokens is set here from the budget
-    max_response_length: int = 4096,  # tokens after the prompt: every turn and every reply between them
-    max_turns: int | None = None,  # a cap on model turns on top of the environment's own
-    max_prompt_length: int | None = None,  # a longer first observation keeps only its last tokens (as verl's loops do)
-    request_id: str | None = None,  # one id per episode: verl routes every turn to the same server (prefix cache)
-    on_step: Callable[[Step], Any] | None = None,  # called after every step (scripts/chat.py prints them)
-) -> Trajectory:  # the episode as chapter 01's Trajectory, with timings in its metadata
-    """Play one episode through a token-in/token-out server: sampled ids kept exactly, environment ids appended with
-    mask 0."""
-    eos = _episode_checks(tokenizer, max_response_length, max_turns)
-    rid = request_id or uuid.uuid4().hex
-    base = {k: v for k, v in (sampling_params or {}).items() if k not in ("max_tokens", "max_new_tokens")}
-    t0 = time.perf_counter()
-    obs, context, prompt_cut = await _first_context(env, task, tokenizer, max_prompt_length)
-    start = len(context)  # where the current growing row's response begins
-    steps, outcome, gen_s, env_s, preempted, versions = [], None, 0.0, time.perf_counter() - t0, 0, {}
-    for turn in itertools.count():
-        room = max_response_length - (len(context) - start)
-        t = time.perf_counter()
-        out, ids, lps = await _sample_turn(server_manager, rid, context, base, room, versions, turn == 0)
-        gen_s, preempted = gen_s + time.perf_counter() - t, preempted + (getattr(out, "num_preempted", None) or 0)
-        # the budget ran out before an end-of-turn token: the environment truncates such a turn (servers name their
-        # stop reasons differently, so it is read from the tokens)
-        cut = len(ids) >= room and ids[-1] != eos
-        action = Action(tokenizer.decode(ids, skip_special_tokens=True), ids, stop_reason="length" if cut else "stop")
-        n_history, t = len(getattr(env, "history", []) or []), time.perf_counter()
-        new_obs, reward, term, trunc, info = await env.astep(action)
-        env_s += time.perf_counter() - t
-        if info.get("outcome_reward") is not None:
-            outcome = float(info["outcome_reward"])
-        reason, env_ids, roles, nxt, extra = info.get("reason"), [], None, None, {}
-        if not (term or trunc):
-            env_ids, roles, nxt, extra, stop = _after_turn(tokenizer, env, obs, new_obs, ids, context, start,
-                                                           max_response_length, n_history,
-                                                           max_turns is not None and turn + 1 >= max_turns)
-            trunc, reason = stop is not None, stop or reason
-            if stop is not None:  # a budget of this loop ended it: the environment may judge the unfinished episode
-                judged = env.stop(stop)
-                if judged is not None:
-                    outcome, extra = judged, {**extra, "outcome_reward": judged}
-        done = term or trunc
-        steps.append(Step(obs_ids=list(context), action_ids=ids, action_logprobs=lps or [0.0] * len(ids),
-                          env_ids=env_ids, env_roles=roles, action_text=action.text, feedback=_feedback(obs, new_obs),
-                          reward=reward - (info.get("outcome_reward") or 0.0), terminated=term,
-                          truncated=trunc and not term, reason=(reason or "ended") if done else "", next_obs_ids=nxt,
-                          info=_jsonable({**info, **extra, "reason": reason, "stop_reason": out.stop_reason,
-                                          "turn": turn, "has_logprobs": lps is not None})))
-        if on_step is not None:
-            on_step(steps[-1])
-        if done:
-            break
-        if not env_ids:  # rewritten: a new growing row starts here
-            start = len(nxt)
-        obs, context = new_obs, nxt
-    meta = {"request_id": rid, "generate_s": gen_s, "env_s": env_s, "num_preempted": preempted,
-            "outcome_from_env": outcome is not None, "prompt_truncated": prompt_cut,
-            "has_logprobs": all(s.info["has_logprobs"] for s in steps), **versions}
-    return Trajectory(steps, outcome_reward=outcome or 0.0, uid=rid, group="", metadata=meta)
 
 # %% ../nbs/12_verl.ipynb #df7f1823
 def _segments(traj: Trajectory) -> list[Trajectory]:
