@@ -219,7 +219,7 @@ async def _sample_turn(server_manager, rid: str, context: list[int], base: dict,
         raise RuntimeError(f"episode {rid}: the server returned no tokens (stop reason {out.stop_reason!r})")
     return out, ids, ([float(x) for x in out.log_probs[:len(ids)]] if out.log_probs else None)
 
-# %% ../nbs/12_verl.ipynb #86425990
+
 def _appended(old: Observation, new: Observation) -> list[dict] | None:
     "The messages the environment added after the model's turn, or None when it rewrote the earlier context."
     k = len(old.messages)

@@ -494,7 +494,8 @@ def test_wide_figures_fit_a_phone_and_open_at_full_size(site, server, browser):
 
 def test_sidebar_opens_the_part_being_read(site, server, browser):
     """On a chapter the sidebar folds every Part but the one holding it, and shows the chapter's own entry; on the
-    landing page (the map) every Part stays open. Chapter titles carry their numbers."""
+    landing page (the map, in no Part) every Part is folded and the sidebar starts at its top. Chapter titles carry
+    their numbers."""
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.goto(server + "verl_cpu.html")
     page.wait_for_load_state("load")
@@ -509,7 +510,12 @@ def test_sidebar_opens_the_part_being_read(site, server, browser):
     assert state["title"].startswith("15 · "), state["title"]
     page.goto(server + "index.html")
     page.wait_for_load_state("load")
-    assert page.evaluate("document.querySelectorAll('#quarto-sidebar ul.sidebar-section.depth1:not(.show)').length") <= 1
+    page.wait_for_timeout(300)
+    first = page.evaluate("""() => { const side = document.getElementById('quarto-sidebar');
+        const a = side.querySelector('a.sidebar-link'), r = a.getBoundingClientRect(), b = side.getBoundingClientRect();
+        return {shown: r.top >= b.top && r.bottom <= b.bottom,
+                open: side.querySelectorAll('ul.sidebar-section.depth1.show').length}; }""")
+    assert first == {"shown": True, "open": 0}, f"the landing page's sidebar: {first}"
     page.close()
 
 
