@@ -517,6 +517,16 @@ def test_sidebar_opens_the_part_being_read(site, server, browser):
                 open: side.querySelectorAll('ul.sidebar-section.depth1.show').length}; }""")
     assert first == {"shown": True, "open": 0}, f"the landing page's sidebar: {first}"
     page.close()
+    # on a phone the sidebar is a drawer: it opens under the header and its breadcrumb bar, and fits the screen
+    page = browser.new_page(viewport={"width": 390, "height": 844})
+    page.goto(server + "verl.html")
+    page.wait_for_load_state("load")
+    page.locator(".quarto-btn-toggle").first.click()
+    page.wait_for_timeout(400)
+    box = page.evaluate("""() => { const s = document.getElementById('quarto-sidebar').getBoundingClientRect();
+        return {top: s.top, bottom: s.bottom, bar: document.querySelector('.quarto-secondary-nav').getBoundingClientRect().bottom}; }""")
+    assert box["top"] >= box["bar"] - 1 and box["bottom"] <= 844 + 1, f"the phone drawer: {box}"
+    page.close()
 
 
 def test_wide_tables_say_they_scroll_on_a_phone(site, server, browser):
