@@ -178,7 +178,7 @@ def number_chapters(proc: Path, renames: dict[str, str]) -> int:
     data = yaml.safe_load(side.read_text())
     number = {page: num for num, page in pages.items()}
     def walk(items):
-        for i, item in enumerate(items):
+        for item in items:
             if isinstance(item, dict) and "contents" in item:
                 walk(item["contents"])
             elif isinstance(item, dict) and item.get("href") in number and "text" in item:
@@ -187,7 +187,9 @@ def number_chapters(proc: Path, renames: dict[str, str]) -> int:
     side.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
     for log in proc.glob("*_log.md"):
         text = log.read_text(encoding="utf-8")
-        log.write_text(link_chapter_mentions(text, pages), encoding="utf-8")
+        new = link_chapter_mentions(text, pages)
+        made += new.count("](") - text.count("](")
+        log.write_text(new, encoding="utf-8")
     return made
 
 
@@ -350,21 +352,28 @@ def add_to_sidebar(proc: Path, section: str, pages: list[str]):
 REFERENCE_SECTION = "Reference (API)"
 
 
-def fold_reference_section(out: Path) -> int:
-    "Show the sidebar's reference section folded, except on its own pages (the chapters stay open); pages changed."
-    head = re.compile(r'(<a class="sidebar-item-text[^"]*"[^>]*aria-expanded=")true("[^>]*><span class="menu-text">'
-                      + re.escape(REFERENCE_SECTION) + r'</span></a><a class="sidebar-item-toggle[^"]*)("[^>]*'
-                      r'aria-expanded=")true("[^>]*>.*?</a></div><ul id="[^"]+" class="[^"]*?) show"', re.S)
-    changed = 0
+# a sidebar section (a Part, the logs, the reference): its two expanded toggles, then its list of pages
+_SECTION = re.compile(r'(<a class="sidebar-item-text[^"]*"[^>]*aria-expanded=")true("[^>]*><span class="menu-text">'
+                      r'[^<]*</span></a><a class="sidebar-item-toggle[^"]*)("[^>]*aria-expanded=")true("[^>]*>.*?'
+                      r'</a></div><ul id="[^"]+" class="[^"]*?) show(">.*?</ul>)', re.S)
+
+
+def fold_other_sections(out: Path) -> int:
+    """Fold every sidebar section but the one that holds the page, so that the sidebar fits the screen and shows
+    where the reader is (the landing page, in no section, folds them all); returns the sections folded."""
+    folded = 0
+    def fold(m):
+        nonlocal folded
+        if 'aria-current="page"' in m.group(5):
+            return m.group(0)
+        folded += 1
+        return f'{m.group(1)}false{m.group(2)} collapsed{m.group(3)}false{m.group(4)}{m.group(5)}'
     for page in out.glob("*.html"):
-        if page.name.startswith("api_"):
-            continue
         text = page.read_text(encoding="utf-8")
-        new = head.sub(lambda m: f'{m.group(1)}false{m.group(2)} collapsed{m.group(3)}false{m.group(4)}"', text, 1)
+        new = _SECTION.sub(fold, text)
         if new != text:
             page.write_text(new, encoding="utf-8")
-            changed += 1
-    return changed
+    return folded
 
 
 def render(proc: Path, out: Path) -> list[str]:
@@ -530,7 +539,7 @@ def build(out: Path) -> dict:
     add_to_sidebar(proc, REFERENCE_SECTION, sorted(reference))
     notes = render(proc, out)
     fix_private_anchors(out)
-    fold_reference_section(out)
+    folded = fold_other_sections(out)
     write_favicon(out)
     pages = bundle_katex(out)
     dropped = drop_remote_css_imports(out)
@@ -538,7 +547,8 @@ def build(out: Path) -> dict:
     return {"out": str(out), "pages": sorted(p.name for p in out.glob("*.html")), "renamed": renames,
             "api_entries": sum(reference.values()),
             "katex_pages": pages, "remote_css_imports_dropped": len(dropped),
-            "quarto_only_notes": len(notes), "chapter_links": links}
+            "quarto_only_notes": len(notes), "chapter_links": links,
+            "sidebar_sections_folded": folded}
 
 
 def main(argv=None):
