@@ -842,6 +842,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                           'agent_r1_tutorial.tinylm.build_tiny_lm': ( 'tinylm.html#build_tiny_lm',
                                                                                       'agent_r1_tutorial/tinylm.py'),
                                           'agent_r1_tutorial.tinylm.n_params': ('tinylm.html#n_params', 'agent_r1_tutorial/tinylm.py'),
+                                          'agent_r1_tutorial.tinylm.save_tokenizer': ( 'tinylm.html#save_tokenizer',
+                                                                                       'agent_r1_tutorial/tinylm.py'),
                                           'agent_r1_tutorial.tinylm.tiny_qwen2': ('tinylm.html#tiny_qwen2', 'agent_r1_tutorial/tinylm.py'),
                                           'agent_r1_tutorial.tinylm.toy_conversations': ( 'tinylm.html#toy_conversations',
                                                                                           'agent_r1_tutorial/tinylm.py'),

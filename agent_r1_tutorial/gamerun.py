@@ -27,7 +27,7 @@ from .speedrun import (_bootstrap_tokenizer, _done, _load_model, _mark, parse_se
     rl_signal, sft_batches, train_lm)
 from .textgames import (GameSpec, TextGameEnv, game_metrics, games_dir, make_games,
     play_games, random_policy, walkthrough_expert)
-from .tinylm import tiny_qwen2, train_tokenizer
+from .tinylm import save_tokenizer, tiny_qwen2, train_tokenizer
 from .trainer import ALGORITHMS, Trainer, TrainerConfig, latest_checkpoint
 
 # %% auto #0
@@ -289,7 +289,7 @@ def _game_data_stage(cfg, run_dir: Path, evals: dict, progress: bool):
     boot, _ = _bootstrap_tokenizer()  # records the first episodes; the run's tokenizer is trained on their text
     texts = [boot.decode(t.steps[-1].obs_ids + t.steps[-1].action_ids) for t in teacher_demos(cfg, boot, train)]
     tok = train_tokenizer(texts, vocab_size=cfg.vocab_size, trailing_spaces=True)
-    tok.save_pretrained(run_dir / "tokenizer")
+    save_tokenizer(tok, run_dir / "tokenizer")
     make_env = game_env(cfg)
     demos = teacher_demos(cfg, tok, train)
     evals["teacher_on_train"] = game_summary(demos, [t for _ in range(cfg.demo_plays) for t in train])
@@ -313,7 +313,7 @@ def _game_sft_stage(cfg, run_dir: Path, evals: dict, tok, progress: bool):
              eval_fn=lambda: {"win": evaluate_games(model, tok, held_out, cfg)[0]["win"]},
              eval_every=cfg.sft_eval_every)
     model.save_pretrained(run_dir / "sft_model")
-    tok.save_pretrained(run_dir / "sft_model")
+    save_tokenizer(tok, run_dir / "sft_model")
     evals["sft"] = evaluate_games(model, tok, held_out, cfg)[0]
     if msg := sft_ready(evals["sft"], evals["teacher"]):
         print(f"warning: {msg}", file=sys.stderr)
@@ -354,7 +354,7 @@ def _game_rl_stage(cfg, run_dir: Path, evals: dict, tok, progress: bool):
             log.log(trainer.global_step, win=res["win"], rl_seconds=spent)
     trainer.save_checkpoint()
     trainer.policy.save_pretrained(run_dir / "final_model")
-    tok.save_pretrained(run_dir / "final_model")
+    save_tokenizer(tok, run_dir / "final_model")
     evals["rl_steps"], evals["rl_seconds"] = trainer.global_step, spent
     _save(run_dir, evals)
     _mark(run_dir, "rl", time.perf_counter() - t0, _read(run_dir, "stages.json"))

@@ -22,7 +22,7 @@ import torch
 from fastcore.basics import patch
 
 from .core import MetricsLogger, env_report, env_report_md, read_jsonl, seed_everything
-from .tinylm import train_tokenizer, tiny_qwen2
+from .tinylm import save_tokenizer, tiny_qwen2, train_tokenizer
 from .mdp import Step, Trajectory
 from .masks import growing_layout, collate
 from .envs import ToolEnv
@@ -762,7 +762,7 @@ def _data_stage(r: _Run):
     arith = r.cfg.task == "arith"
     tok = build_tokenizer(r.suite, r.cfg.vocab_size, isolate_digits=arith,
                           trailing_spaces=not arith and r.cfg.tokenizer_spaces == "trailing")
-    tok.save_pretrained(r.dir / "tokenizer")
+    save_tokenizer(tok, r.dir / "tokenizer")
     with open(r.dir / "eval_tasks.jsonl", "w") as f:
         f.writelines(json.dumps(t) + "\n" for t in r.suite.eval_tasks)
     _mark(r.dir, "data", time.perf_counter() - t0 + r.suite.build_seconds, r.times)
@@ -841,7 +841,7 @@ def _sft_stage(r: _Run):
              r.dir, cfg.save_every, eval_fn=sft_eval if cfg.eval_every else None, eval_every=cfg.eval_every,
              progress=r.progress, rng=rng)
     model.save_pretrained(r.dir / "sft_model")
-    tok.save_pretrained(r.dir / "sft_model")
+    save_tokenizer(tok, r.dir / "sft_model")
     # train_lm evaluates after its last step whenever it took one here (a resumed, finished SFT takes none)
     r.evals["sft"] = last.get("metrics") or r.ev(model)[0]
     r.evals["no_tool"], _ = r.ev(model, r.suite.no_tool_env)
@@ -909,7 +909,7 @@ def _rl_stage(r: _Run):
         trainer.train(cfg.rl_steps - trainer.global_step, progress=r.progress, callback=after_step)
         trainer.save_checkpoint()
     trainer.policy.save_pretrained(r.dir / "final_model")
-    r.tok.save_pretrained(r.dir / "final_model")
+    save_tokenizer(r.tok, r.dir / "final_model")
     _mark(r.dir, "rl", time.perf_counter() - t0, r.times)
 
 

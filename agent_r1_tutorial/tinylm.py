@@ -17,8 +17,9 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 # %% auto #0
 __all__ = ['PAD_TOKEN', 'IM_START', 'IM_END', 'TOOL_CALL_START', 'TOOL_CALL_END', 'TOOL_RESPONSE_START', 'TOOL_RESPONSE_END',
-           'THINK_START', 'THINK_END', 'SPECIAL_TOKENS', 'TAG_TOKENS', 'CHAT_TEMPLATE', 'train_tokenizer',
-           'toy_conversations', 'tiny_qwen2', 'n_params', 'build_tiny_lm', 'warm_up']
+           'THINK_START', 'THINK_END', 'SPECIAL_TOKENS', 'TAG_TOKENS', 'AUTO_MAP_MODULE', 'AUTO_MAP', 'CHAT_TEMPLATE',
+           'train_tokenizer', 'toy_conversations', 'tiny_qwen2', 'n_params', 'save_tokenizer', 'build_tiny_lm',
+           'warm_up']
 
 # %% ../nbs/00a_tinylm.ipynb #7e7e71c5
 PAD_TOKEN = "<|endoftext|>"
@@ -29,6 +30,10 @@ THINK_START, THINK_END = "<think>", "</think>"
 
 SPECIAL_TOKENS = (PAD_TOKEN, IM_START, IM_END)  # dropped by decode(skip_special_tokens=True)
 TAG_TOKENS = (TOOL_CALL_START, TOOL_CALL_END, TOOL_RESPONSE_START, TOOL_RESPONSE_END, THINK_START, THINK_END)
+
+# the class AutoTokenizer is told to load for these tokenizers: tokenizer.json as saved (section "Saving and reloading")
+AUTO_MAP_MODULE = "tokenization_tiny"
+AUTO_MAP = {"AutoTokenizer": [None, f"{AUTO_MAP_MODULE}.TinyTokenizer"]}
 
 # %% ../nbs/00a_tinylm.ipynb #a09299eb
 CHAT_TEMPLATE = (
@@ -116,8 +121,9 @@ def train_tokenizer(
             t = t.replace(m, " ")
         return t
     tok.train_from_iterator((clean(t) for t in texts), trainer=trainer)
+    # auto_map goes into every tokenizer_config.json this tokenizer is saved to: see `save_tokenizer` below
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=IM_END, pad_token=PAD_TOKEN,
-                                   padding_side="left", clean_up_tokenization_spaces=False)
+                                   padding_side="left", clean_up_tokenization_spaces=False, auto_map=AUTO_MAP)
     fast.add_tokens(list(TAG_TOKENS), special_tokens=False)
     fast.add_special_tokens({"additional_special_tokens": [IM_START]})
     fast.chat_template = CHAT_TEMPLATE
@@ -212,6 +218,34 @@ def tiny_qwen2(
 def n_params(model: torch.nn.Module) -> int:
     "The number of distinct parameters (tied weights counted once)."
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+# %% ../nbs/00a_tinylm.ipynb #bbf68fa3
+_TOKENIZER_MODULE = '''"""The tokenizer class tokenizer_config.json's auto_map names: tokenizer.json exactly as saved."""
+from transformers import PreTrainedTokenizerFast
+
+
+class TinyTokenizer(PreTrainedTokenizerFast):  # no __init__ of its own: transformers then loads tokenizer.json as is
+    pass
+'''
+
+
+def save_tokenizer(
+    tokenizer: PreTrainedTokenizerFast,  # made by `train_tokenizer`, or loaded back from a folder it was saved to
+    folder: str | Path,  # a folder of its own, or a model's folder to save it beside the model
+) -> Path:
+    "Save `tokenizer` so that every loader reads its ids: `AutoTokenizer`, verl and vLLM, even beside a Qwen2 config."
+    if not callable(getattr(tokenizer, "save_pretrained", None)) or not hasattr(tokenizer, "backend_tokenizer"):
+        raise TypeError(f"save_tokenizer saves a fast tokenizer (train_tokenizer's), got {type(tokenizer).__name__}")
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(f"{folder} is a file: save_tokenizer writes a folder")
+    tokenizer.save_pretrained(folder)
+    path = folder / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config["auto_map"] = AUTO_MAP
+    path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+    (folder / f"{AUTO_MAP_MODULE}.py").write_text(_TOKENIZER_MODULE)
+    return folder
 
 # %% ../nbs/00a_tinylm.ipynb #a3040d40
 def build_tiny_lm(

@@ -585,7 +585,9 @@ def verl_rl_stage(
     verbose: bool = True,  # print the CPU overrides and whether the run resumes
 ) -> dict:  # {"run": VerlRunConfig, "overrides": [(override, why)], "metrics": [...], "checkpoint": path}
     "The speedrun's RL stage on verl's own trainer: rows from the suite, the CPU run, its final weights as final_model."
-    from transformers import AutoTokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    from agent_r1_tutorial.tinylm import save_tokenizer
 
     run_dir = Path(run_dir)
     if cfg.task != "search":
@@ -593,7 +595,9 @@ def verl_rl_stage(
     if not (run_dir / "sft_model" / "config.json").exists():
         raise FileNotFoundError(f"{run_dir / 'sft_model'} holds no model: run the data and sft stages first")
     out = run_dir / "verl"
-    tok = AutoTokenizer.from_pretrained(run_dir / "sft_model")
+    # saved again: a run from before save_tokenizer left a tokenizer that AutoTokenizer, so verl, misreads (chapter 00a)
+    tok = PreTrainedTokenizerFast.from_pretrained(run_dir / "sft_model")
+    save_tokenizer(tok, run_dir / "sft_model")
     kw = dict(retriever=cfg.retriever, k=cfg.search_k, max_turns=cfg.max_turns)
     train = world_rows(suite.train_tasks, suite.train_env.worlds, "train", **kw)
     held = suite.eval_tasks[::max(1, len(suite.eval_tasks) // val_tasks)][:val_tasks]  # spread over worlds and hops
@@ -616,6 +620,7 @@ def verl_rl_stage(
     final = run_dir / "final_model"
     shutil.rmtree(final, ignore_errors=True)
     shutil.copytree(ckpt / "actor" / "huggingface", final)  # Hugging Face weights (save_contents has hf_model)
+    save_tokenizer(tok, final)
     return {"run": run, "overrides": overrides, "metrics": read_verl_metrics(out), "checkpoint": ckpt, "log": log}
 
 # %% ../nbs/15_verl_cpu.ipynb #f1257333

@@ -22,8 +22,8 @@ def load_model(model_dir):
     "The tiny model of a run and its tokenizer, exactly as trained."
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    # the tokenizer as saved (tokenizer.json): AutoTokenizer would read the model folder's config.json and build Qwen2's
-    # tokenizer class around it, whose own pre-tokenizer splits words differently ('g', 'o', ' ' for the token 'go ')
+    # the tokenizer as saved (tokenizer.json), also from a folder written before save_tokenizer (chapter 00a),
+    # where AutoTokenizer would build Qwen2's tokenizer class around it, which splits 'go ' as 'g' 'o' ' '
     return AutoModelForCausalLM.from_pretrained(model_dir).eval(), PreTrainedTokenizerFast.from_pretrained(model_dir)
 
 

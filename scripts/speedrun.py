@@ -495,7 +495,7 @@ def full_train(run_dir, args) -> str:
     cfg = vl.compose_verl_config(vl.verl_overrides(run))
     stand_in = tiny = None
     if args.dry_run:
-        from agent_r1_tutorial.tinylm import build_tiny_lm
+        from agent_r1_tutorial.tinylm import build_tiny_lm, save_tokenizer
 
         tiny = build_tiny_lm()  # the policy of the dry run's agent-loop episode
     if args.dry_run and not Path(run.model_path).expanduser().is_dir():
@@ -504,7 +504,7 @@ def full_train(run_dir, args) -> str:
 
         stand_in = run_dir / "stand-in-model"  # the model sections load a config and a tokenizer from disk
         with contextlib.redirect_stderr(io.StringIO()):  # no progress bar for a 4 MB model
-            tiny[0].save_pretrained(stand_in)
+            save_tokenizer(tiny[0], stand_in)
             tiny[1].save_pretrained(stand_in)
     try:
         check = vl.validate_verl_config(cfg, model_path=str(stand_in) if stand_in else None)

@@ -100,6 +100,59 @@ def _runs(o):
     return out
 
 
+def _opening(row, tok):
+    "The ids an episode on a verl data row starts from, with `tok` (system prompt, tools, question, assistant header)."
+    from agent_r1_tutorial.masks import initial_prompt_ids
+    from agent_r1_tutorial.verl_bridge import env_from_row
+
+    env, reset = env_from_row(row, tok)
+    obs = env.reset(**reset)
+    return initial_prompt_ids(tok, obs.messages, obs.tools)
+
+
+def test_verl_fed_the_policy_the_ids_it_was_trained_on(run):
+    "verl loads its tokenizer with AutoTokenizer from the model folder: its prompts must be the SFT tokenizer's ids."
+    import pandas as pd
+    from transformers import PreTrainedTokenizerFast
+
+    from agent_r1_tutorial.verl_cpu import read_episodes
+
+    tok = PreTrainedTokenizerFast.from_pretrained(run["dir"] / "tokenizer")  # the tokenizer SFT trained with
+    rows = pd.read_parquet(run["verl"] / "data" / "train.parquet")
+    eps = read_episodes(run["verl"], 1)
+    for e in eps:
+        row = rows.iloc[e["index"]].to_dict()
+        assert row["extra_info"]["index"] == e["index"] and row["reward_model"]["ground_truth"] == e["ground_truth"]
+        assert e["outputs"][0]["prompt_ids"] == _opening(row, tok), row["extra_info"]["question"]
+
+
+def test_every_loader_reads_the_ids_the_policy_was_trained_on(run):
+    "AutoTokenizer and verl's hf_tokenizer, with and without trust_remote_code, on every folder the run wrote."
+    import pandas as pd
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    from verl.utils import hf_tokenizer
+
+    from agent_r1_tutorial.verl_cpu import latest_verl_checkpoint
+
+    ref = PreTrainedTokenizerFast.from_pretrained(run["dir"] / "tokenizer")
+    rows = pd.read_parquet(run["verl"] / "data" / "train.parquet").head(8)
+    texts = [ref.decode(_opening(r, ref)) for r in rows.to_dict("records")]
+    for r in rows.to_dict("records"):  # a search call and an answer with a name, and a number
+        name = r["reward_model"]["ground_truth"]
+        texts.append(f'<tool_call>\n{{"name": "world_search", "arguments": {{"query": "{name}"}}}}\n</tool_call>'
+                     f" <answer>{name}</answer> 2047")
+    want = ref(texts, add_special_tokens=False).input_ids
+    verl_ckpt = latest_verl_checkpoint(run["verl"] / "checkpoints") / "actor" / "huggingface"
+    for folder in (run["dir"] / "sft_model", run["dir"] / "final_model", run["dir"] / "tokenizer", verl_ckpt):
+        loaders = {"AutoTokenizer": lambda trc: AutoTokenizer.from_pretrained(folder, trust_remote_code=trc),
+                   "verl hf_tokenizer": lambda trc: hf_tokenizer(str(folder), trust_remote_code=trc)}
+        # verl's own checkpoint keeps the auto_map entry but not the module it names (verl saves the tokenizer itself)
+        for trc in (False,) if folder == verl_ckpt else (False, True):
+            for name, load in loaders.items():
+                got = load(trc)(texts, add_special_tokens=False).input_ids
+                assert got == want, (folder.name, name, trc)
+
+
 def test_verl_scored_each_episode_with_our_reward_function(run):
     from transformers import AutoTokenizer
 
