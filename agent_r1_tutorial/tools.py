@@ -119,8 +119,10 @@ class BaseTool:
     def arguments_hint(self) -> str:
         "A one-line summary of the expected arguments, quoted in error messages: `expression: string (required)`."
         props, req = self.parameters.get("properties", {}), set(self.parameters.get("required", []))
-        parts = [f"{k}: {v.get('type', 'any')}" + (" (required)" if k in req else "") for k, v in props.items()]
-        return ", ".join(parts) or "no arguments"
+        def one(k, v):  # an enum's values are the one thing a model cannot guess from the type
+            allowed = f" (one of {', '.join(map(repr, v['enum']))})" if isinstance(v.get("enum"), list) else ""
+            return f"{k}: {v.get('type', 'any')}{allowed}" + (" (required)" if k in req else "")
+        return ", ".join(one(k, v) for k, v in props.items()) or "no arguments"
 
     def openai_schema(self) -> dict:
         "The tool in the OpenAI function-tool format that chat templates (`tools=`) and verl take."

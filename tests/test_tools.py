@@ -691,3 +691,19 @@ def test_unix_sockets_threads_and_allowed_subprocesses_still_work():
     assert r.stdout.split() == ["ok", "thread"], r.stderr[-300:]
     r = run_sandboxed("import subprocess\nprint(subprocess.run(['true']).returncode)", timeout=3, allow_subprocesses=True)
     assert r.stdout.strip() == "0" and r.protections["seccomp"] and not r.protections["no_subprocesses"], r.stderr[-300:]
+
+
+def test_a_bad_enum_value_gets_an_error_that_lists_the_allowed_ones():
+    class Mix(BaseTool):
+        name, description = "mix_test", "Mix a powder with a reagent."
+        parameters = {"type": "object", "required": ["powder", "reagent"],
+                      "properties": {"powder": {"type": "string"},
+                                     "reagent": {"type": "string", "enum": ["acid", "oil"]}}}
+
+        def execute(self, powder, reagent):
+            return ToolResult(f"{powder}+{reagent}")
+
+    res = Mix()(powder="tiku", reagent="vinegar")
+    assert not res.ok
+    assert "'vinegar' is not one of" in res.text and "reagent: string (one of 'acid', 'oil') (required)" in res.text
+    assert Mix()(powder="tiku", reagent="oil").text == "tiku+oil"
