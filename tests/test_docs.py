@@ -378,15 +378,25 @@ def test_long_outputs_fold_and_open(site, server, browser):
     assert folded, "the environments chapter's long transcripts are not folded"
     out = folded[0]
     short = out.bounding_box()["height"]
-    full = out.evaluate("o => o.scrollHeight")
+    # the whole output: the box's height, or a printed block's (a <pre> is capped and scrolls inside its box)
+    full = out.evaluate("o => Math.max(o.scrollHeight, ...[...o.querySelectorAll('pre')].map(p => p.scrollHeight))")
     assert short < full * 0.8, (short, full)
     btn = out.evaluate_handle("o => o.nextElementSibling")
     assert btn.evaluate("b => b.tagName") == "BUTTON" and "Show" in btn.evaluate("b => b.textContent")
     btn.as_element().click()
-    assert abs(out.bounding_box()["height"] - full) < 2 and "Fold" in btn.evaluate("b => b.textContent")
+    assert out.bounding_box()["height"] >= full - 2 and "Fold" in btn.evaluate("b => b.textContent")
+    assert out.evaluate("o => [...o.querySelectorAll('pre')].every(p => p.scrollHeight <= p.clientHeight + 2)")
     btn.as_element().click()
     assert out.bounding_box()["height"] < full * 0.8
     assert not page.query_selector_all(".output-folded img")
+    assert not problems
+    page.close()
+    # an output whose printed block is taller than its capped box (the launch commands, the dry run's console) is
+    # folded with the button too: no block scrolls up and down inside the page with nothing to say so
+    page, problems = _open(browser, server + "verl_launch.html")
+    hidden = page.evaluate("[...document.querySelectorAll('.cell-output:not(.output-folded) pre')]"
+                           ".filter(p => p.scrollHeight > p.clientHeight + 2).length")
+    assert hidden == 0 and page.query_selector_all(".cell-output.output-folded"), hidden
     assert not problems
     page.close()
     # the text-game page's report card is a Markdown output taller than 40rem, and stays whole
