@@ -239,11 +239,8 @@ def save_tokenizer(
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise NotADirectoryError(f"{folder} is a file: save_tokenizer writes a folder")
+    tokenizer.init_kwargs["auto_map"] = AUTO_MAP  # written into tokenizer_config.json, also for an older tokenizer
     tokenizer.save_pretrained(folder)
-    path = folder / "tokenizer_config.json"
-    config = json.loads(path.read_text())
-    config["auto_map"] = AUTO_MAP
-    path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
     (folder / f"{AUTO_MAP_MODULE}.py").write_text(_TOKENIZER_MODULE)
     return folder
 
