@@ -48,7 +48,9 @@ key=$( { cat "$AR1_ROOT/pyproject.toml"; echo "$profile $torch_spec ${AR1_TORCH_
 stamp=$venv/.ar1-setup-$profile
 pip_install() {
   # quiet, with the full log kept: on failure show its end, which holds pip's reason
-  if ! "$py" -m pip install --progress-bar off "$@" >>"$log" 2>&1; then
+  # the environment's bin first on PATH: some source builds (fast-downward-textworld) run a bare `python`, which
+  # under pyenv's shims started an interpreter without its standard library ("No module named 'glob'")
+  if ! PATH="$venv/bin:$PATH" "$py" -m pip install --progress-bar off "$@" >>"$log" 2>&1; then
     tail -n 25 "$log" >&2
     ar1_die "pip install $* failed; the full log is $log"
   fi
