@@ -106,6 +106,7 @@ class SpeedrunConfig:
     filter_groups: bool = True  # update only on groups whose rewards differ (critic-free algorithms, no KL; chapter 10)
     bypass_mode: bool = True  # the sampler's log-probs are the old ones (exact here: the sampler is the policy)
     rl_eval_every: int = 5  # RL steps between held-out evaluations (0: only at the end, in the eval stage)
+    rl_seed: int | None = None  # RL's own seed (None: `seed`): more RL runs from one run's data and SFT stages
     # --- bookkeeping
     eval_every: int = 650  # SFT steps between held-out evaluations (0: only at the end)
     save_every: int = 100  # SFT steps (and RL steps / 10) between checkpoints
@@ -163,6 +164,9 @@ class SpeedrunConfig:
         for name in ("filter_groups", "bypass_mode", "think", "drill_fresh", "plan", "quote_names"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.rl_seed is not None and (not isinstance(self.rl_seed, int) or isinstance(self.rl_seed, bool)
+                                         or self.rl_seed < 0):
+            raise ValueError(f"rl_seed must be a non-negative int or None, got {self.rl_seed!r}")
         for name in ("pretrain_steps", "drill_steps", "context_drill_steps", "sft_steps", "rl_steps", "eval_every",
                      "save_every", "rl_eval_every"):
             v = getattr(self, name)
@@ -854,7 +858,8 @@ def _sft_stage(r: _Run):
 def rl_trainer_config(cfg: SpeedrunConfig, out_dir: Path) -> TrainerConfig:
     "The trainer's configuration for the RL stage (the group filter only where it is free: no critic, no KL)."
     free = not ALGORITHMS[cfg.algorithm][2] and cfg.kl_coef == 0
-    return TrainerConfig(algorithm=cfg.algorithm, seed=cfg.seed, device="cpu", prompts_per_step=cfg.prompts_per_step,
+    seed = cfg.seed if cfg.rl_seed is None else cfg.rl_seed
+    return TrainerConfig(algorithm=cfg.algorithm, seed=seed, device="cpu", prompts_per_step=cfg.prompts_per_step,
                          group_size=cfg.group_size, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                          max_turns=cfg.max_turns + 1, lr=cfg.rl_lr, critic_lr=1e-3, warmup_steps=0,
                          mini_batch_size=min(64, cfg.prompts_per_step * cfg.group_size),
@@ -1101,13 +1106,15 @@ def write_report(run_dir: str | Path) -> Path:
     evals = json.loads((run_dir / "eval.json").read_text()) if (run_dir / "eval.json").exists() else {}
     times = json.loads((run_dir / "stages.json").read_text()) if (run_dir / "stages.json").exists() else {}
     kinds = sorted({k for e in evals.values() for k in e if k.startswith("em/") and k != "em/all"})
-    lines = [f"# Tiny speedrun: {cfg['task']}, {cfg['algorithm']}, seed {cfg['seed']}", "",
+    rl_seed = "" if cfg.get("rl_seed") is None else f" (RL seed {cfg['rl_seed']})"
+    lines = [f"# Tiny speedrun: {cfg['task']}, {cfg['algorithm']}, seed {cfg['seed']}{rl_seed}", "",
              "Held-out exact match (greedy, worlds never seen in training):", "",
              "| model | " + " | ".join(kinds) + " | all | tool calls | turns |",
              "|---|" + "---|" * (len(kinds) + 3)]
     base = "no-calculator baseline (the calculator always fails)" if cfg["task"] == "arith" else \
         "no-tool baseline (search finds nothing)"
-    names = {"no_tool": base, "sft": "SFT only", "final": f"SFT + {cfg['algorithm']}"}
+    engine = " (verl's trainer)" if (run_dir / "verl").is_dir() else ""  # chapter 15's engine wrote the RL stage
+    names = {"no_tool": base, "sft": "SFT only", "final": f"SFT + {cfg['algorithm']}{engine}"}
     for key in ("no_tool", "sft", "final"):
         if key in evals:
             e = evals[key]
@@ -1142,7 +1149,7 @@ def write_report(run_dir: str | Path) -> Path:
 
 # %% ../nbs/11_speedrun.ipynb #e8e73b68
 RL_FIELDS = frozenset({"algorithm", "rl_steps", "prompts_per_step", "group_size", "rl_lr", "temperature", "kl_coef",
-                       "process_reward", "threads", "filter_groups", "bypass_mode", "rl_eval_every"})
+                       "process_reward", "threads", "filter_groups", "bypass_mode", "rl_eval_every", "rl_seed"})
 
 
 def fork_after_sft(

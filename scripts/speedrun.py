@@ -89,6 +89,10 @@ def parser() -> argparse.ArgumentParser:
     tiny.add_argument("--engine", choices=ENGINES, default="reference",
                       help="the RL stage's trainer: reference (this package's, chapter 10; default) or verl (verl "
                       "0.9.1's own trainer, Ray and FSDP, with the GPU run's configuration, on this CPU; chapter 15)")
+    tiny.add_argument("--sft-from", default=None, metavar="RUN_DIR",
+                      help="take the data and SFT stages from this finished run (same data and SFT settings) and run "
+                      "only RL and the evaluation; by default a finished run in --out with the same settings is used "
+                      "when there is one (e.g. the main job's, for --engine verl or another algorithm)")
     tiny.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     tiny.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="tiny_set",
                       help="any SpeedrunConfig field, e.g. --set rl_steps=50 --set sft_hops=1 (repeatable)")
@@ -172,8 +176,17 @@ def run(args, scale: str) -> int:
     seed_everything(args.seed)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     if scale == "tiny":
-        tiny_config(args)  # a bad --set stops here, before any folder is made
+        cfg = tiny_config(args)  # a bad --set stops here, before any folder is made
         run_dir = tiny_run_dir(args)
+        src = sft_source(args, cfg, run_dir)
+        if src is not None:
+            from agent_r1_tutorial.speedrun import fork_after_sft
+
+            try:
+                fork_after_sft(src, run_dir, cfg)
+            except (ValueError, FileExistsError) as e:
+                raise SystemExit(f"error: --sft-from: {e}")
+            print(f"data and SFT stages from {src} (the same data and SFT settings): only RL and the evaluation run")
         run_dir.mkdir(parents=True, exist_ok=True)
     elif args.dry_run:  # a dry run keeps every attempt
         run_dir = Path(args.out) / f"{stamp}-{scale}-{_task_tag(args)}{args.algorithm}-s{args.seed}-dry"
@@ -239,14 +252,44 @@ def run(args, scale: str) -> int:
 
 def tiny_run_dir(args) -> Path:
     "runs/tiny-<task>-<algo>-s<seed>[-<preset>]: an unfinished run there is resumed, a finished one kept (-2, -3, ...)."
+    rl_seed = tiny_config(args).rl_seed if args.task != "textworld" else None
     base = Path(args.out) / (f"tiny-{args.task}-{args.algorithm}-s{args.seed}"
                              + ("" if args.preset == "tiny" else f"-{args.preset}")
-                             + ("" if args.engine == "reference" else f"-{args.engine}"))
+                             + ("" if args.engine == "reference" else f"-{args.engine}")
+                             + ("" if rl_seed is None else f"-rl{rl_seed}"))
     d, n = base, 1
     while (d / ".eval.done").exists():
         n += 1
         d = base.with_name(f"{base.name}-{n}")
     return d
+
+
+def sft_source(args, cfg, run_dir: Path) -> Path | None:
+    """The finished run whose data and SFT stages a new tiny run starts from: --sft-from, else one in --out with the same
+    data and SFT settings (a different algorithm, engine, RL seed or other RL field), else None (the run trains its
+    own). A run folder that exists already is resumed as it is."""
+    if args.task == "textworld" or run_dir.exists():
+        if args.sft_from and not (run_dir / ".sft.done").exists():
+            raise SystemExit(f"error: --sft-from: {run_dir} exists already; resume it without --sft-from, or use "
+                             "another --out")
+        return None
+    if args.sft_from:
+        return Path(args.sft_from)
+    import json as _json
+    from dataclasses import asdict
+
+    from agent_r1_tutorial.speedrun import RL_FIELDS
+
+    want = {k: v for k, v in _json.loads(_json.dumps(asdict(cfg))).items() if k not in RL_FIELDS}
+    preset = "" if args.preset == "tiny" else f"-{args.preset}"
+    # this algorithm's reference run first (the main job's for grpo), then any other with the same settings
+    for d in sorted(Path(args.out).glob(f"tiny-{args.task}-*-s{args.seed}{preset}*"),
+                    key=lambda d: (d.name != f"tiny-{args.task}-{args.algorithm}-s{args.seed}{preset}", d.name)):
+        if (d / ".sft.done").exists() and (d / "config.json").exists():
+            have = _json.loads((d / "config.json").read_text())
+            if all(have.get(k) == v for k, v in want.items()):
+                return d
+    return None
 
 
 def tiny_config(args):

@@ -237,3 +237,82 @@ def test_cell_lengths_counts_long_cells_and_refuses_a_bad_limit(tmp_path):
     assert res.returncode != 0 and "--limit must be a positive number of lines" in res.stderr
     res = subprocess.run([*script, "--nbs", str(tmp_path / "none")], capture_output=True, text=True, timeout=60)
     assert res.returncode != 0 and "no notebooks in" in res.stderr
+
+
+def _cli():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("speedrun_cli", ROOT / "scripts" / "speedrun.py")
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    return cli
+
+
+def test_a_tiny_run_starts_from_a_finished_runs_sft_with_the_same_settings(tmp_path):
+    "sft_source: --sft-from, else a finished run in --out whose data and SFT settings match; never a mismatched one."
+    import dataclasses
+    import json
+    import types
+
+    cli = _cli()
+    from agent_r1_tutorial.speedrun import SpeedrunConfig
+
+    cfg = SpeedrunConfig.preset("ci")
+    args = types.SimpleNamespace(task="search", algorithm="grpo", seed=0, preset="ci", engine="verl", sft_from=None,
+                                 out=str(tmp_path))
+    new = tmp_path / "tiny-search-grpo-s0-ci-verl"
+
+    def finished(name, c, sft=True):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(dataclasses.asdict(c)))
+        if sft:
+            (d / ".sft.done").write_text("")
+        return d
+
+    assert cli.sft_source(args, cfg, new) is None  # nothing to start from: the run trains its own SFT
+    finished("tiny-search-ppo-s0-ci", dataclasses.replace(cfg, sft_steps=cfg.sft_steps + 1))  # other SFT settings
+    finished("tiny-search-rloo-s0-ci", cfg, sft=False)  # SFT not finished
+    assert cli.sft_source(args, cfg, new) is None
+    other_rl = finished("tiny-search-rloo-s0-ci-2", dataclasses.replace(cfg, algorithm="rloo", rl_steps=7))
+    assert cli.sft_source(args, cfg, new) == other_rl  # RL settings may differ
+    main = finished("tiny-search-grpo-s0-ci", cfg)
+    assert cli.sft_source(args, dataclasses.replace(cfg, rl_seed=2), new) == main  # this algorithm's run first
+    new.mkdir()
+    assert cli.sft_source(args, cfg, new) is None  # an existing folder is resumed as it is
+    with pytest.raises(SystemExit, match="exists already"):
+        cli.sft_source(types.SimpleNamespace(**{**vars(args), "sft_from": str(main)}), cfg, new)
+
+
+def test_rl_seed_seeds_rl_alone_and_names_its_folder():
+    "rl_seed: another RL run from the same data and SFT; bad values are refused by name."
+    import types
+    from pathlib import Path
+
+    from agent_r1_tutorial.speedrun import RL_FIELDS, SpeedrunConfig, rl_trainer_config
+
+    cfg = SpeedrunConfig(rl_seed=3)
+    assert rl_trainer_config(cfg, Path("x")).seed == 3 and rl_trainer_config(SpeedrunConfig(seed=1), Path("x")).seed == 1
+    assert "rl_seed" in RL_FIELDS
+    for bad in (-1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="rl_seed must be a non-negative int"):
+            SpeedrunConfig(rl_seed=bad)
+    args = types.SimpleNamespace(task="search", algorithm="grpo", seed=0, preset="tiny", engine="verl", out="runs",
+                                 tiny_set=["rl_seed=2"], retriever="dense", threads=None)
+    assert _cli().tiny_run_dir(args).name == "tiny-search-grpo-s0-verl-rl2"
+
+
+def test_bench_engines_refuses_bad_input(tmp_path):
+    "scripts/bench_engines.py: a folder without a finished SFT stage, bad seeds or engines are refused with the reason."
+    script = [sys.executable, str(ROOT / "scripts" / "bench_engines.py")]
+    res = subprocess.run([*script, "--sft-from", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0 and "no finished SFT stage there" in res.stderr and "Traceback" not in res.stderr
+    res = subprocess.run([*script, "--sft-from", str(tmp_path), "--seeds", "a"], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 2 and "--seeds takes comma-separated integers" in res.stderr
+    res = subprocess.run([*script, "--sft-from", str(tmp_path), "--engines", "vllm"], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 2 and "--engines takes a comma list of reference, verl" in res.stderr
+    res = subprocess.run([*script, "--sft-from", str(tmp_path), "--eval-every", "0"], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 2 and "--eval-every must be a positive integer" in res.stderr
