@@ -71,7 +71,8 @@ class VerlRunConfig:
     actor_lr: float = 1e-6
     critic_lr: float = 1e-5
     n: int | None = None  # responses per prompt; None: the algorithm's default
-    kl_coef: float = 0.001
+    kl_coef: float = 0.001  # 0: no KL term, so no reference model and no reference log-probs
+    bypass_mode: bool = False  # old log-probs are the rollout's (verl's rollout_correction.bypass_mode): no recompute
     gamma: float = 1.0
     lam: float = 1.0
     max_turns: int = 5  # the most model responses per episode
@@ -179,14 +180,16 @@ def _core_overrides(run: VerlRunConfig) -> list[str]:
     "The algorithm, the data, the actor and the rollout (with our agent loop's layout)."
     r, n = run.recipe, run.responses_per_prompt
     kl_in_reward = r.kl == "reward"
+    kl = run.kl_coef > 0  # a zero coefficient turns the KL term off: verl then builds no reference model
     arr, rol = "actor_rollout_ref", "actor_rollout_ref.rollout"
     ov = [
         f"algorithm.adv_estimator={verl_name(r.adv_estimator)}",
         f"algorithm.gamma={run.gamma}",
         f"algorithm.lam={run.lam}",
-        f"algorithm.use_kl_in_reward={kl_in_reward}",
+        f"algorithm.use_kl_in_reward={kl and kl_in_reward}",
         f"algorithm.kl_ctrl.kl_coef={run.kl_coef}",
         "algorithm.kl_penalty=kl",
+        f"algorithm.rollout_correction.bypass_mode={run.bypass_mode}",
         f"data.train_files={run.train_files}",
         f"data.val_files={run.val_files}",
         f"data.train_batch_size={run.train_batch_size}",
@@ -200,7 +203,7 @@ def _core_overrides(run: VerlRunConfig) -> list[str]:
         f"{arr}.actor.optim.lr={run.actor_lr}",
         f"{arr}.actor.ppo_mini_batch_size={run.ppo_mini_batch_size}",
         f"{arr}.actor.ppo_micro_batch_size_per_gpu={run.micro_batch_size_per_gpu}",
-        f"{arr}.actor.use_kl_loss={not kl_in_reward}",
+        f"{arr}.actor.use_kl_loss={kl and not kl_in_reward}",
         f"{arr}.actor.kl_loss_coef={run.kl_coef}",
         f"{arr}.actor.kl_loss_type=low_var_kl",
         f"{arr}.actor.policy_loss.loss_mode={verl_name(run.policy_loss)}",

@@ -61,6 +61,19 @@ def test_every_algorithm_composes_and_validates(algo, stand_in):
 
 
 @needs_verl
+@pytest.mark.parametrize("algo", ["grpo", "ppo"])  # KL in the loss, KL in the reward
+def test_a_zero_kl_coefficient_builds_no_reference_model_and_bypass_skips_the_recompute(algo, stand_in):
+    "kl_coef=0 turns the KL term off, so verl builds no reference model; bypass_mode uses the rollout's log-probs."
+    cfg = vl.compose_verl_config(vl.verl_overrides(vl.VerlRunConfig(algo, kl_coef=0.0, bypass_mode=True)))
+    check = vl.validate_verl_config(cfg, model_path=stand_in)
+    assert check["use_reference_policy"] is False
+    assert cfg.actor_rollout_ref.actor.use_kl_loss is False and cfg.algorithm.use_kl_in_reward is False
+    assert cfg.algorithm.rollout_correction.bypass_mode is True
+    default = vl.compose_verl_config(vl.verl_overrides(vl.VerlRunConfig(algo)))
+    assert default.algorithm.rollout_correction.bypass_mode is False  # the GPU run recomputes (vLLM's log-probs differ)
+
+
+@needs_verl
 def test_validation_without_the_model_says_what_it_skipped():
     check = vl.validate_verl_config(vl.compose_verl_config(vl.verl_overrides(vl.VerlRunConfig("ppo"))))
     assert check["model_checked_with"] is None
