@@ -44,8 +44,8 @@ __all__ = ['PLATFORM', 'CPU_MODULE', 'ROLLOUT', 'SERVER_NAME', 'STEP_PHASES', 'c
            'register_cpu_platform', 'register_cpu_engines', 'patch_gloo_process_group', 'patch_unpinned_offload',
            'HFRolloutServer', 'hf_replica_class', 'hf_server_adapter_class', 'register_cpu_rollout', 'install_on_cpu',
            'WorldPassageSearch', 'world_rows', 'cpu_overrides', 'prompt_budget', 'cpu_run_config', 'launch_verl',
-           'verl_rl_stage', 'step_time_breakdown', 'verl_report', 'run_timeline', 'mask_segments', 'export_run',
-           'read_episodes', 'trajectory_from_output', 'reference_replay']
+           'verl_rl_stage', 'evaluate_checkpoints', 'both_rollouts', 'step_time_breakdown', 'verl_report',
+           'run_timeline', 'mask_segments', 'export_run', 'read_episodes', 'trajectory_from_output', 'reference_replay']
 
 # %% ../nbs/15_verl_cpu.ipynb #1f245317
 PLATFORM = "ar1_cpu"  # VERL_PLATFORM's value: verl's platform registry hands out CPUPlatform
@@ -526,15 +526,17 @@ def cpu_run_config(
         critic_lr=1e-3,
         n=n,
         kl_coef=cfg.kl_coef,
+        bypass_mode=cfg.bypass_mode,  # as the reference trainer: the sampler's log-probs are the old ones
         max_turns=cfg.max_turns,
         total_training_steps=steps or cfg.rl_steps,
         save_freq=1,
         test_freq=steps or cfg.rl_steps,
         experiment_name=f"tiny-{cfg.algorithm}-s{cfg.seed}",
         checkpoint_dir=str(out / "checkpoints"),
-        keep_checkpoints=2,
+        # all of them (a few MB each for the tiny model): held-out EM is measured on each after the run
+        keep_checkpoints=steps or cfg.rl_steps or 1,
         logger=("console", "file"),
-        seed=cfg.seed,
+        seed=cfg.seed if cfg.rl_seed is None else cfg.rl_seed,
         rollout_data_dir=str(out / "rollouts"),
         episode_dir=str(out / "episodes"),
     )
@@ -583,7 +585,8 @@ def verl_rl_stage(
     max_response_length: int = 512,
     timeout: float | None = None,  # seconds before the run is stopped
     verbose: bool = True,  # print the CPU overrides and whether the run resumes
-) -> dict:  # {"run": VerlRunConfig, "overrides": [(override, why)], "metrics": [...], "checkpoint": path}
+    overrides: Sequence[str] = (),  # further verl Hydra overrides ("key=value"), applied last
+) -> dict:  # {"run": VerlRunConfig, "overrides": [...], "metrics": [...], "checkpoint": path, "evals": [...]}
     "The speedrun's RL stage on verl's own trainer: rows from the suite, the CPU run, its final weights as final_model."
     from transformers import PreTrainedTokenizerFast
 
@@ -604,6 +607,8 @@ def verl_rl_stage(
     write_rows(train, out / "data" / "train.parquet")
     write_rows(world_rows(held, suite.eval_env.worlds, "validation", **kw), out / "data" / "validation.parquet")
     run = cpu_run_config(cfg, run_dir / "sft_model", out, prompt_budget(train, tok), max_response_length, steps)
+    if overrides:
+        run = dataclasses.replace(run, extra_overrides=(*run.extra_overrides, *overrides))
     overrides = cpu_overrides(run)
     say = print if verbose else (lambda *a, **k: None)
     say(f"verl on the CPU: the {cfg.algorithm} configuration a GPU run uses (verl_overrides), then "
@@ -620,8 +625,75 @@ def verl_rl_stage(
     final = run_dir / "final_model"
     shutil.rmtree(final, ignore_errors=True)
     shutil.copytree(ckpt / "actor" / "huggingface", final)  # Hugging Face weights (save_contents has hf_model)
+    # the weights are float32 but verl's config names bfloat16: from_pretrained (the evaluation, scripts/chat.py) would
+    # load them in bfloat16, slower on a CPU and not the model that was trained
+    config = json.loads((final / "config.json").read_text())
+    (final / "config.json").write_text(json.dumps({**config, "dtype": "float32"}, indent=2))
     save_tokenizer(tok, final)
-    return {"run": run, "overrides": overrides, "metrics": read_verl_metrics(out), "checkpoint": ckpt, "log": log}
+    evals = evaluate_checkpoints(cfg, run_dir, suite, tok)
+    both_rollouts(cfg, run_dir, suite, tok, held)
+    return {"run": run, "overrides": overrides, "metrics": read_verl_metrics(out), "checkpoint": ckpt, "log": log,
+            "evals": evals}
+
+# %% ../nbs/15_verl_cpu.ipynb #3157a7d3
+def evaluate_checkpoints(
+    cfg: SpeedrunConfig,  # the run's configuration: rl_eval_every picks the steps, as for the reference trainer
+    run_dir: str | Path,  # the speedrun's run folder (verl's checkpoints in verl/checkpoints/)
+    suite,  # build_suite(cfg): the held-out tasks and their worlds
+    tokenizer,  # the policy's tokenizer
+) -> list[dict]:  # the records in run_dir/rl/eval.jsonl: step, time (of the checkpoint), em/...
+    """Held-out EM of verl's checkpoints every `rl_eval_every` steps, by the code that evaluates the reference
+    trainer's (`evaluate_agent`), written where that one writes its curve: both engines' curves read the same way."""
+    from agent_r1_tutorial.speedrun import evaluate_agent
+    from transformers import AutoModelForCausalLM
+
+    run_dir, every = Path(run_dir), cfg.rl_eval_every
+    out = run_dir / "rl" / "eval.jsonl"
+    done = {r["step"]: r for r in map(json.loads, out.read_text().splitlines())} if out.exists() else {}
+    ckpts = sorted((int(p.name.rsplit("_", 1)[1]), p) for p in (run_dir / "verl" / "checkpoints").glob("global_step_*"))
+    for step, path in ckpts:  # the last step is the eval stage's, as for the reference trainer
+        if not every or step % every or step >= cfg.rl_steps or step in done:
+            continue
+        if not (path / "actor" / "huggingface" / "config.json").exists():
+            raise FileNotFoundError(f"{path} holds no Hugging Face weights (actor/huggingface)")
+        # float32, as trained: verl's saved config names bfloat16, which from_pretrained would otherwise load
+        model = AutoModelForCausalLM.from_pretrained(path / "actor" / "huggingface", dtype=torch.float32).eval()
+        res, _ = evaluate_agent(model, tokenizer, suite.eval_tasks, suite.eval_env, cfg.max_new_tokens, cfg.max_turns)
+        # the checkpoint's time, not the evaluation's: the report's time axis is the run's
+        done[step] = {"step": step, "time": round(path.stat().st_mtime, 3),
+                      **{k: v for k, v in res.items() if k.startswith(("em/", "after_2_searches/"))}}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps(done[s]) + "\n" for s in sorted(done)))
+    return [done[s] for s in sorted(done)]
+
+
+def both_rollouts(
+    cfg: SpeedrunConfig,
+    run_dir: str | Path,  # a finished verl stage: sft_model/, final_model/, verl/metrics-*.jsonl
+    suite,
+    tokenizer,
+    held: Sequence[dict],  # the questions verl validated on (verl/data/validation.parquet)
+) -> dict:  # {"questions": n, "ours": {"sft", "final"}, "verl": {"sft", "final"}}: exact match, written to verl/
+    """The same policies on the same questions through both rollouts: verl's validation (its agent-loop manager and
+    rollout server, greedy) before training and after the last step, and `evaluate_agent`. A tokenizer or a chat
+    template that differs between them shows here first, as answers verl's rollout gets wrong and ours does not."""
+    from agent_r1_tutorial.speedrun import evaluate_agent
+    from transformers import AutoModelForCausalLM
+
+    run_dir = Path(run_dir)
+    val = sorted((m["step"], v) for m in read_verl_metrics(run_dir / "verl") for k, v in m.items()
+                 if k.startswith("val-core/") and k.endswith("/acc/mean@1"))
+    if not val:
+        raise ValueError(f"{run_dir / 'verl'} logged no validation accuracy (val-core/.../acc/mean@1)")
+    ours = {}
+    for name in ("sft", "final"):
+        model = AutoModelForCausalLM.from_pretrained(run_dir / f"{name}_model", dtype=torch.float32).eval()
+        res, _ = evaluate_agent(model, tokenizer, held, suite.eval_env, cfg.max_new_tokens, cfg.max_turns)
+        ours[name] = res["em/all"]
+    out = {"questions": len(held), "ours": ours, "verl": {"sft": val[0][1], "final": val[-1][1]},
+           "verl_steps": [val[0][0], val[-1][0]]}
+    (run_dir / "verl" / "both_rollouts.json").write_text(json.dumps(out, indent=1))
+    return out
 
 # %% ../nbs/15_verl_cpu.ipynb #f1257333
 STEP_PHASES = {  # verl's timing metrics of one trainer step, in the order they happen
@@ -676,6 +748,12 @@ def verl_report(
     if val:
         lines += ["", "verl's validation accuracy (greedy, held-out questions): "
                   + ", ".join(f"{v:.3f} at step {s}" for s, v in val) + "."]
+    if (out / "both_rollouts.json").exists():
+        b = json.loads((out / "both_rollouts.json").read_text())
+        lines += ["", f"The same {b['questions']} questions through both rollouts (exact match, greedy):", "",
+                  "| policy | verl's rollout (its validation) | ours (evaluate_agent) |", "|---|---|---|"]
+        lines += [f"| {n} | {b['verl'][k]:.3f} | {b['ours'][k]:.3f} |"
+                  for k, n in (("sft", "SFT model (before step 1)"), ("final", "after the last step"))]
     if steps:
         lines += ["", "| phase of a step | seconds (mean) |", "|---|---|"]
         lines += [f"| {STEP_PHASES.get(k, k)} | {v:.2f} |" for k, v in step_time_breakdown(metrics).items()]

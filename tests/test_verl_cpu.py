@@ -27,12 +27,51 @@ def speedrun(*args, timeout=1200):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    "The CI preset's speedrun with its RL stage on verl: 2 GRPO steps of 4 questions x 4 episodes."
+    """The CI preset's speedrun with its RL stage on verl (2 GRPO steps of 4 questions x 4 episodes, held-out EM after
+    each), started from the data and SFT stages of a reference-trainer run in the same folder, as a user does after the
+    main job."""
     out = tmp_path_factory.mktemp("runs")
-    code, stdout, stderr = speedrun("grpo", "--engine", "verl", "--preset", "ci", "--set", "rl_steps=2", "--out", out)
+    code, stdout, stderr = speedrun("grpo", "--preset", "ci", "--set", "rl_steps=1", "--out", out)
+    assert code == 0, (stdout + stderr)[-4000:]
+    code, stdout, stderr = speedrun("grpo", "--engine", "verl", "--preset", "ci", "--set", "rl_steps=2", "--set",
+                                    "rl_eval_every=1", "--out", out)
     assert code == 0, (stdout + stderr)[-4000:]
     run_dir = out / "tiny-search-grpo-s0-ci-verl"
-    return {"dir": run_dir, "verl": run_dir / "verl", "stdout": stdout}
+    return {"dir": run_dir, "verl": run_dir / "verl", "stdout": stdout, "source": out / "tiny-search-grpo-s0-ci"}
+
+
+def test_the_verl_run_starts_from_the_finished_runs_sft_model(run):
+    "The verl run reuses the reference run's SFT model (same settings) instead of training its own."
+    assert f"data and SFT stages from {run['source']}" in run["stdout"]
+    weights = lambda d: (d / "sft_model" / "model.safetensors").read_bytes()
+    assert weights(run["dir"]) == weights(run["source"])  # the same SFT model, byte for byte
+    assert json.loads((run["dir"] / "stages.json").read_text())["sft"] == \
+        json.loads((run["source"] / "stages.json").read_text())["sft"]  # its SFT time is the source's: not retrained
+
+
+def test_held_out_em_is_measured_on_verls_checkpoints_as_on_the_reference_trainers(run):
+    "evaluate_checkpoints wrote rl/eval.jsonl every rl_eval_every steps, and the report card draws it beside SFT's."
+    from agent_r1_tutorial.speedrun import em_timeline
+
+    recs = [json.loads(l) for l in (run["dir"] / "rl" / "eval.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == [1]  # step 2 is the eval stage's, as for the reference trainer
+    assert {"em/1-hop", "em/2-hop", "after_2_searches/2-hop"} <= recs[0].keys()
+    ckpt = run["verl"] / "checkpoints" / "global_step_1"
+    assert abs(recs[0]["time"] - ckpt.stat().st_mtime) < 1  # on the run's time axis, not the evaluation's
+    assert [p["step"] for p in em_timeline(run["dir"]) if p["stage"] == "rl"] == [1, 2]
+    report = (run["dir"] / "report.md").read_text()
+    assert "| SFT + grpo (verl's trainer) |" in report and "| RL | 1 |" in report
+
+
+def test_the_same_questions_went_through_both_rollouts(run):
+    "both_rollouts: verl's validation and evaluate_agent on the same questions, before and after training."
+    import pandas as pd
+
+    b = json.loads((run["verl"] / "both_rollouts.json").read_text())
+    assert b["questions"] == len(pd.read_parquet(run["verl"] / "data" / "validation.parquet"))
+    assert b["verl_steps"] == [0, 2] and set(b["ours"]) == set(b["verl"]) == {"sft", "final"}
+    assert all(0.0 <= v <= 1.0 for d in (b["ours"], b["verl"]) for v in d.values())
+    assert "through both rollouts" in (run["dir"] / "report.md").read_text()
 
 
 def test_the_cli_ran_every_stage_on_verl(run):
