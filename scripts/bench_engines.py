@@ -9,9 +9,10 @@ For each seed and engine the data and SFT stages are copied from --sft-from (for
 its own (rl_seed) on the reference trainer (chapter 10) or on verl 0.9.1's trainer on this CPU (chapter 15), and
 held-out EM is measured every --eval-every steps by the same code for both engines (evaluate_agent: greedy, the
 held-out worlds): the reference trainer evaluates its policy as it trains, verl's checkpoints are evaluated after its
-run. Target: from an SFT model that answers <= 0.50 of the two-hop
-questions, every seed lifts two-hop EM by >= 0.30 on verl. Runs resume: started again with the same --out, finished
-runs are read back and unfinished ones go on from their last checkpoint.
+run. Target: from an SFT model that answers <= 0.50 of the two-hop questions, every seed lifts two-hop EM by >= 0.30
+on verl. Runs resume: started again with the same --out, finished runs are read back and unfinished ones go on from
+their last checkpoint. `--overheads` instead times verl's step before and after chapter 15's cuts, and `--set` changes
+an RL field for every run (e.g. --set filter_groups=false).
 """
 from __future__ import annotations
 
