@@ -748,6 +748,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                          'agent_r1_tutorial/speedrun.py'),
                                             'agent_r1_tutorial.speedrun.sft_batches': ( 'speedrun.html#sft_batches',
                                                                                         'agent_r1_tutorial/speedrun.py'),
+                                            'agent_r1_tutorial.speedrun.sft_differs': ( 'speedrun.html#sft_differs',
+                                                                                        'agent_r1_tutorial/speedrun.py'),
                                             'agent_r1_tutorial.speedrun.sft_loss': ( 'speedrun.html#sft_loss',
                                                                                      'agent_r1_tutorial/speedrun.py'),
                                             'agent_r1_tutorial.speedrun.train_lm': ( 'speedrun.html#train_lm',

@@ -37,8 +37,8 @@ __all__ = ['TASKS', 'TOKENIZER_SPACES', 'RETRIEVERS', 'DRILL_KINDS', 'TASK_DEFAU
            'search_drill', 'arith_drill', 'collate_drills', 'drill_batches', 'copy_accuracy', 'copy_check_kinds',
            'copy_signal', 'sft_batches', 'episode_texts', 'rename_entities', 'episode_preambles', 'in_context',
            'train_lm', 'episode_record', 'evaluate_agent', 'rl_trainer_config', 'rl_signal', 'run_speedrun', 'plot_run',
-           'em_timeline', 'plot_em_over_time', 'write_report', 'fork_after_sft', 'episode_html', 'trajectory_browser',
-           'fresh_world', 'ask']
+           'em_timeline', 'plot_em_over_time', 'write_report', 'sft_differs', 'fork_after_sft', 'episode_html',
+           'trajectory_browser', 'fresh_world', 'ask']
 
 # %% ../nbs/11_speedrun.ipynb #cf99d7b3
 TASKS = ("search", "arith")
@@ -1152,6 +1152,16 @@ RL_FIELDS = frozenset({"algorithm", "rl_steps", "prompts_per_step", "group_size"
                        "process_reward", "threads", "filter_groups", "bypass_mode", "rl_eval_every", "rl_seed"})
 
 
+def sft_differs(
+    src: str | Path,  # a run folder (its config.json)
+    cfg: SpeedrunConfig,  # the configuration a new run would have
+) -> list[str]:  # the fields outside RL_FIELDS that differ: empty when src's data and SFT stages fit cfg
+    "Which data or SFT settings of `cfg` differ from run `src`'s (a field the run's config lacks counts as differing)."
+    old = json.loads((Path(src) / "config.json").read_text())
+    new = json.loads(json.dumps(asdict(cfg)))
+    return sorted(k for k in new if new[k] != old.get(k) and k not in RL_FIELDS)
+
+
 def fork_after_sft(
     src: str | Path,  # a run folder whose SFT stage has finished
     dst: str | Path,  # the new run folder (must not exist)
@@ -1165,14 +1175,12 @@ def fork_after_sft(
         raise ValueError(f"{src} holds no finished SFT stage (no .sft.done)")
     if dst.exists():
         raise FileExistsError(f"{dst} exists: fork into a new folder")
-    old = json.loads((src / "config.json").read_text())
-    new = json.loads(json.dumps(asdict(cfg)))
-    differ = sorted(k for k in new if new[k] != old.get(k) and k not in RL_FIELDS)
+    differ = sft_differs(src, cfg)
     if differ:
         raise ValueError(f"{src} was trained with other data or SFT settings (it differs in {differ})")
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("rl", "final_model", ".rl.done", ".eval.done",
                                                             "episodes.jsonl", "plots", "report.md"))
-    (dst / "config.json").write_text(json.dumps(new, indent=1))
+    (dst / "config.json").write_text(json.dumps(asdict(cfg), indent=1))
     for name, drop in (("eval.json", ("final",)), ("stages.json", ("rl", "eval"))):
         if (dst / name).exists():
             data = json.loads((dst / name).read_text())

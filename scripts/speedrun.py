@@ -275,20 +275,14 @@ def sft_source(args, cfg, run_dir: Path) -> Path | None:
         return None
     if args.sft_from:
         return Path(args.sft_from)
-    import json as _json
-    from dataclasses import asdict
+    from agent_r1_tutorial.speedrun import sft_differs
 
-    from agent_r1_tutorial.speedrun import RL_FIELDS
-
-    want = {k: v for k, v in _json.loads(_json.dumps(asdict(cfg))).items() if k not in RL_FIELDS}
     preset = "" if args.preset == "tiny" else f"-{args.preset}"
     # this algorithm's reference run first (the main job's for grpo), then any other with the same settings
     for d in sorted(Path(args.out).glob(f"tiny-{args.task}-*-s{args.seed}{preset}*"),
                     key=lambda d: (d.name != f"tiny-{args.task}-{args.algorithm}-s{args.seed}{preset}", d.name)):
-        if (d / ".sft.done").exists() and (d / "config.json").exists():
-            have = _json.loads((d / "config.json").read_text())
-            if all(have.get(k) == v for k, v in want.items()):
-                return d
+        if (d / ".sft.done").exists() and (d / "config.json").exists() and not sft_differs(d, cfg):
+            return d
     return None
 
 
