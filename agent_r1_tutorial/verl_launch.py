@@ -442,25 +442,35 @@ def launch_commands(
     venv: str = ".venv-gpu",  # the GPU environment (scripts/setup_gpu.sh)
     ray_port: int = 6379,
     dashboard_port: int = 8265,
+    env: dict[str, str] | None = None,  # variables every command sets (None: the one that registers our code)
+    node_args: Sequence[str] = (),  # further `ray start` flags for every node, e.g. "--num-cpus=16"
+    dashboard_host: str = "0.0.0.0",  # where the head's dashboard, which takes job submissions, listens
 ) -> dict[str, str]:  # "train" (single node) or "head", "worker", "submit" (multi-node), as shell commands
     "The exact shell commands that launch the run: one on a single node, three steps on several nodes."
+    env = {EXTERNAL_MODULES_ENV: MODULE_NAME} if env is None else env
+    setenv = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in env.items())
     python, ray = f"{venv}/bin/python", f"{venv}/bin/ray"
     args = " \\\n    ".join(shlex.quote(o) for o in verl_overrides(run))
     trainer = f"{python} -m verl.trainer.main_ppo \\\n    {args}"
     if run.nnodes == 1 and head_address is None:
-        return {"train": f"{EXTERNAL_MODULES_ENV}={MODULE_NAME} {trainer}"}
+        return {"train": f"{setenv} {trainer}"}
     head = head_address or "$HEAD_IP"
-    # the job's entrypoint runs in Ray's job supervisor, not in this folder: absolute paths. The variable goes on the
-    # entrypoint, not into `--runtime-env-json`: the overrides already put it into ray.init's runtime_env, and Ray
+    # the job's entrypoint runs in Ray's job supervisor, not in this folder: absolute paths. The variables go on the
+    # entrypoint, not into `--runtime-env-json`: the overrides already put them into ray.init's runtime_env, and Ray
     # refuses to merge two runtime envs that set the same variable
     abs_python = shlex.quote(str(Path(venv).absolute() / "bin" / "python"))
-    job = f"env {EXTERNAL_MODULES_ENV}={MODULE_NAME} {abs_python} -m verl.trainer.main_ppo \\\n    {args}"
+    job = f"env {setenv} {abs_python} -m verl.trainer.main_ppo \\\n    {args}"
+    # Ray 2.60 turns token authentication on for a head that finds ~/.ray/auth_token (an earlier local ray.init leaves
+    # one), and then a node without the token cannot join. So: token mode on every command, the token made on the
+    # head, and each worker given the head's (copy ~/.ray/auth_token, or export RAY_AUTH_TOKEN)
+    auth, flags = "RAY_AUTH_MODE=token", "".join(" " + shlex.quote(a) for a in node_args)
+    start = f"--num-gpus={run.n_gpus_per_node}{flags}"
     return {
-        "head": f"{EXTERNAL_MODULES_ENV}={MODULE_NAME} {ray} start --head --port={ray_port} "
-                f"--dashboard-host=0.0.0.0 --dashboard-port={dashboard_port} --num-gpus={run.n_gpus_per_node}",
-        "worker": f"{EXTERNAL_MODULES_ENV}={MODULE_NAME} {ray} start --address={head}:{ray_port} "
-                  f"--num-gpus={run.n_gpus_per_node}",
-        "submit": f"{ray} job submit --address=http://{head}:{dashboard_port} -- {job}",
+        "head": f"{ray} get-auth-token --generate >/dev/null && {auth} {setenv} {ray} start --head --port={ray_port} "
+                f"--dashboard-host={dashboard_host} --dashboard-port={dashboard_port} {start}",
+        "worker": f"{auth} {setenv} {ray} start --address={head}:{ray_port} {start}",
+        "submit": f"{auth} {ray} job submit --address=http://"
+                  f"{'127.0.0.1' if dashboard_host == '127.0.0.1' else head}:{dashboard_port} -- {job}",
     }
 
 # %% ../nbs/14_verl_launch.ipynb #cac920d4
@@ -474,8 +484,10 @@ def write_launch_script(
     cmds = launch_commands(run, head_address=head_address)
     lines = ["#!/usr/bin/env bash", f"# {run.algorithm}: written by agent_r1_tutorial.verl_launch.write_launch_script",
              "set -euo pipefail", f"cd {shlex.quote(str(Path(repo_dir).resolve()))}"]
+    where = {"head": "on the head node", "submit": "on the head node, once the workers have joined",
+             "worker": "on every other node, with the head's ~/.ray/auth_token copied to ~/.ray/ (Ray's token auth)"}
     for step, cmd in cmds.items():
-        lines += ["", f"# {step}", cmd]
+        lines += ["", f"# {step}" + (f": {where[step]}" if step in where else ""), cmd]
     path = Path(out_dir) / "launch.sh"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
