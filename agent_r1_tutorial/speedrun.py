@@ -1140,7 +1140,11 @@ def write_report(run_dir: str | Path) -> Path:
     lines += _rl_section(cfg, rl) + _timeline_section(em_timeline(run_dir))
     lines += ["", "## Wall time per stage", "", "| stage | seconds |", "|---|---|"]
     lines += [f"| {s} | {times[s]:.1f} |" for s in STAGE_NAMES if s in times]
-    lines += [f"| **total** | **{sum(times.values()):.1f}** |", "", "## Plots", ""]
+    lines += [f"| **total** | **{sum(times.values()):.1f}** |"]
+    if (run_dir / "forked_from.json").exists():  # fork_after_sft: those two stages ran once, in the source run
+        source = Path(json.loads((run_dir / "forked_from.json").read_text())["run"]).name
+        lines += ["", f"The data and SFT stages were copied from run `{source}`: their times are that run's."]
+    lines += ["", "## Plots", ""]
     lines += [f"![{p.stem}](plots/{p.name})" for p in sorted((run_dir / "plots").glob("*.png"))]
     lines += ["", "## Configuration", "", "```json", json.dumps(cfg, indent=1), "```", "",
               "## Machine and versions", "", env_report_md(env_report()), ""]
@@ -1181,6 +1185,7 @@ def fork_after_sft(
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("rl", "final_model", ".rl.done", ".eval.done",
                                                             "episodes.jsonl", "plots", "report.md"))
     (dst / "config.json").write_text(json.dumps(asdict(cfg), indent=1))
+    (dst / "forked_from.json").write_text(json.dumps({"run": str(src.resolve())}))  # the report card names it
     for name, drop in (("eval.json", ("final",)), ("stages.json", ("rl", "eval"))):
         if (dst / name).exists():
             data = json.loads((dst / name).read_text())
