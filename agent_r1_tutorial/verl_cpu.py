@@ -11,8 +11,11 @@ import json
 import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 import types
 from contextlib import contextmanager
@@ -35,6 +38,7 @@ from agent_r1_tutorial.verl_launch import (
     RECIPES,
     VerlRunConfig,
     latest_verl_checkpoint,
+    launch_commands,
     read_verl_metrics,
     verl_overrides,
 )
@@ -45,7 +49,8 @@ __all__ = ['PLATFORM', 'CPU_MODULE', 'ROLLOUT', 'SERVER_NAME', 'STEP_PHASES', 'c
            'HFRolloutServer', 'hf_replica_class', 'hf_server_adapter_class', 'register_cpu_rollout', 'install_on_cpu',
            'WorldPassageSearch', 'world_rows', 'cpu_overrides', 'prompt_budget', 'cpu_run_config', 'launch_verl',
            'verl_rl_stage', 'evaluate_checkpoints', 'both_rollouts', 'step_time_breakdown', 'verl_report',
-           'run_timeline', 'mask_segments', 'export_run', 'read_episodes', 'trajectory_from_output', 'reference_replay']
+           'run_timeline', 'mask_segments', 'export_run', 'read_episodes', 'trajectory_from_output', 'reference_replay',
+           'LocalRayCluster', 'launch_verl_on_cluster']
 
 # %% ../nbs/15_verl_cpu.ipynb #1f245317
 PLATFORM = "ar1_cpu"  # VERL_PLATFORM's value: verl's platform registry hands out CPUPlatform
@@ -284,13 +289,18 @@ def hf_replica_class() -> type:  # HFReplica, a subclass of verl's RolloutReplic
     "verl's rollout replica for the CPU run: one `HFRolloutServer` actor per replica (needs verl)."
     if "HFReplica" not in _VERL_CLASSES:
         import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
         from verl.workers.rollout.replica import RolloutReplica
 
         class HFReplica(RolloutReplica):
             async def launch_servers(self):
-                name = SERVER_NAME.format(self.replica_rank)
-                self._server_handle = ray.remote(HFRolloutServer).options(
-                    name=name, max_concurrency=self.max_concurrency, num_cpus=0).remote(
+                options = dict(name=SERVER_NAME.format(self.replica_rank), max_concurrency=self.max_concurrency,
+                               num_cpus=0)
+                if self.workers:  # on its training process's node, as verl places vLLM's servers
+                    node = await self.workers[0].__ray_call__.remote(
+                        lambda worker: ray.get_runtime_context().get_node_id())
+                    options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+                self._server_handle = ray.remote(HFRolloutServer).options(**options).remote(
                     str(self.model_config.path), seed=self.config.seed + self.replica_rank)
                 self.servers = [self._server_handle]
                 self._server_address = f"{ROLLOUT}-{self.replica_rank}"  # a key for verl's router; no HTTP server
@@ -445,16 +455,21 @@ def cpu_overrides(
             f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM={PLATFORM}",
             "verl's platform registry picks the CPU " "platform",
         ),
-        (
-            "+ray_kwargs.ray_init.num_gpus=1",
-            "verl places one training process per GPU and first counts Ray's GPUs; "
-            "Ray's GPU resource is a logical counter, so one slot stands for the one training process",
-        ),
-        (
-            "+ray_kwargs.ray_init.num_cpus=32",
-            "verl's helper actors each reserve a CPU; with the 2 real cores they would " "wait for each other forever",
-        ),
-        ("+ray_kwargs.ray_init.include_dashboard=False", "no dashboard processes on a 2-core machine"),
+    ]
+    if run.nnodes == 1:  # on several nodes `ray start` gives each node these (LocalRayCluster), and a job may not
+        ov += [
+            (
+                "+ray_kwargs.ray_init.num_gpus=1",
+                "verl places one training process per GPU and first counts Ray's GPUs; "
+                "Ray's GPU resource is a logical counter, so one slot stands for the one training process",
+            ),
+            (
+                "+ray_kwargs.ray_init.num_cpus=32",
+                "verl's helper actors each reserve a CPU; with the 2 real cores they would wait for each other forever",
+            ),
+            ("+ray_kwargs.ray_init.include_dashboard=False", "no dashboard processes on a 2-core machine"),
+        ]
+    ov += [
         (
             "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
             "one storage process for the rollout data, " "not 8",
@@ -500,6 +515,7 @@ def cpu_run_config(
     max_prompt_length: int,  # prompt_budget of the training rows
     max_response_length: int = 512,  # tokens of all turns and tool replies together
     steps: int | None = None,  # trainer steps (None: cfg.rl_steps)
+    nnodes: int = 1,  # Ray nodes, one training process each (LocalRayCluster starts them on this machine)
 ) -> VerlRunConfig:  # the knobs a GPU run has, set for this machine, plus cpu_overrides as extra overrides
     """The run on a CPU as the GPU run's configuration: the same VerlRunConfig, sized for the tiny model, plus the CPU
     overrides."""
@@ -508,18 +524,22 @@ def cpu_run_config(
     n = cfg.group_size if recipe.n > 1 else 1  # PPO, REINFORCE++ and StepPO sample one response per prompt
     episodes = cfg.prompts_per_step * cfg.group_size  # the same episodes per step as the reference trainer
     mini = min(64, episodes)  # and the same rows per optimizer step (rl_trainer_config)
+    if isinstance(nnodes, bool) or not isinstance(nnodes, int) or nnodes < 1:
+        raise ValueError(f"nnodes must be a positive int, got {nnodes!r}")
+    if episodes % nnodes or mini % nnodes:
+        raise ValueError(f"{episodes} episodes per step ({mini} per optimizer step) do not split over {nnodes} nodes")
     run = VerlRunConfig(
         algorithm=cfg.algorithm,
         model_path=str(Path(model_path).resolve()),
         train_files=str(out / "data" / "train.parquet"),
         val_files=str(out / "data" / "validation.parquet"),
         n_gpus_per_node=1,
-        nnodes=1,
+        nnodes=nnodes,
         rollout_tp=1,
         train_batch_size=episodes // n,
         ppo_mini_batch_size=max(1, mini // n),
-        micro_batch_size_per_gpu=mini,
-        log_prob_micro_batch_size_per_gpu=episodes,
+        micro_batch_size_per_gpu=mini // nnodes,  # each process takes its share of the rows
+        log_prob_micro_batch_size_per_gpu=episodes // nnodes,
         max_prompt_length=max_prompt_length,
         max_response_length=max_response_length,
         actor_lr=cfg.rl_lr,
@@ -568,12 +588,15 @@ def launch_verl(
             proc.wait()
             raise RuntimeError(f"verl's trainer was stopped ({type(e).__name__}); its log is {log}") from None
     if rc != 0:
-        lines = log.read_text(errors="replace").splitlines()
-        errors = [l for l in lines if re.search(r"Error|Exception|error:", l) and "Warning" not in l][-6:]
-        raise RuntimeError(
-            f"verl's trainer exited with status {rc}; from its log {log}:\n" + "\n".join(errors or lines[-15:])
-        )
+        raise RuntimeError(f"verl's trainer exited with status {rc}; from its log {log}:\n" + _log_errors(log))
     return log
+
+
+def _log_errors(log: Path) -> str:
+    "A failed run's error lines (the last 15 lines where none match)."
+    lines = log.read_text(errors="replace").splitlines()
+    errors = [l for l in lines if re.search(r"Error|Exception|error:", l) and "Warning" not in l][-6:]
+    return "\n".join(errors or lines[-15:])
 
 # %% ../nbs/15_verl_cpu.ipynb #c81a7910
 def verl_rl_stage(
@@ -586,13 +609,18 @@ def verl_rl_stage(
     timeout: float | None = None,  # seconds before the run is stopped
     verbose: bool = True,  # print the CPU overrides and whether the run resumes
     overrides: Sequence[str] = (),  # further verl Hydra overrides ("key=value"), applied last
+    nnodes: int = 1,  # Ray nodes: above 1, a LocalRayCluster on this machine and the multi-node job submission
+    cluster=None,  # a running LocalRayCluster to submit to (None: one is started for the run when nnodes > 1)
 ) -> dict:  # {"run": VerlRunConfig, "overrides": [...], "metrics": [...], "checkpoint": path, "evals": [...]}
-    "The speedrun's RL stage on verl's own trainer: rows from the suite, the CPU run, its final weights as final_model."
+    """The speedrun's RL stage on verl's own trainer: rows from the suite, the CPU run, its final weights as
+    final_model, held-out EM on its checkpoints; the stage is then marked done in the run folder, with its time."""
     from transformers import PreTrainedTokenizerFast
 
+    from agent_r1_tutorial.speedrun import _mark
     from agent_r1_tutorial.tinylm import save_tokenizer
 
-    run_dir = Path(run_dir)
+    run_dir, t0 = Path(run_dir), time.time()
+    nnodes = cluster.nnodes if cluster is not None else nnodes
     if cfg.task != "search":
         raise ValueError(f"the verl engine runs the search task (worlds and their search tool); got task {cfg.task!r}")
     if not (run_dir / "sft_model" / "config.json").exists():
@@ -606,7 +634,8 @@ def verl_rl_stage(
     held = suite.eval_tasks[::max(1, len(suite.eval_tasks) // val_tasks)][:val_tasks]  # spread over worlds and hops
     write_rows(train, out / "data" / "train.parquet")
     write_rows(world_rows(held, suite.eval_env.worlds, "validation", **kw), out / "data" / "validation.parquet")
-    run = cpu_run_config(cfg, run_dir / "sft_model", out, prompt_budget(train, tok), max_response_length, steps)
+    run = cpu_run_config(cfg, run_dir / "sft_model", out, prompt_budget(train, tok), max_response_length, steps,
+                         nnodes)
     if overrides:
         run = dataclasses.replace(run, extra_overrides=(*run.extra_overrides, *overrides))
     overrides = cpu_overrides(run)
@@ -618,20 +647,31 @@ def verl_rl_stage(
     done = latest_verl_checkpoint(out / "checkpoints")
     if done is not None:
         say(f"resuming from {done.name} (verl's trainer.resume_mode=auto)")
-    log = launch_verl(run, out, timeout)
+    if nnodes == 1:
+        log = launch_verl(run, out, timeout)
+    elif cluster is not None:
+        log = launch_verl_on_cluster(run, out, cluster, timeout)
+    else:
+        with LocalRayCluster(nnodes) as cluster:
+            nodes = ", ".join(f"{cluster.role(i)} {i[:8]}" for i in cluster.node_ids)
+            say(f"{nnodes} Ray nodes on this machine: {nodes}")
+            log = launch_verl_on_cluster(run, out, cluster, timeout)
     ckpt = latest_verl_checkpoint(out / "checkpoints")
     if ckpt is None:
         raise RuntimeError(f"verl's trainer finished but wrote no checkpoint; see {log}")
     final = run_dir / "final_model"
     shutil.rmtree(final, ignore_errors=True)
     shutil.copytree(ckpt / "actor" / "huggingface", final)  # Hugging Face weights (save_contents has hf_model)
-    # the weights are float32 but verl's config names bfloat16: from_pretrained (the evaluation, scripts/chat.py) would
-    # load them in bfloat16, slower on a CPU and not the model that was trained
-    config = json.loads((final / "config.json").read_text())
-    (final / "config.json").write_text(json.dumps({**config, "dtype": "float32"}, indent=2))
+    # the weights are float32 but verl's config names bfloat16: from_pretrained (the evaluation, scripts/chat.py, a
+    # reader loading a checkpoint) would load them in bfloat16, slower on a CPU and not the model that was trained
+    for folder in [final, *(out / "checkpoints").glob("global_step_*/actor/huggingface")]:
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "dtype": "float32"}, indent=2))
     save_tokenizer(tok, final)
     evals = evaluate_checkpoints(cfg, run_dir, suite, tok)
     both_rollouts(cfg, run_dir, suite, tok, held)
+    times = json.loads((run_dir / "stages.json").read_text()) if (run_dir / "stages.json").exists() else {}
+    _mark(run_dir, "rl", time.time() - t0, times)  # the speedrun's record: the RL stage is done, and its time
     return {"run": run, "overrides": overrides, "metrics": read_verl_metrics(out), "checkpoint": ckpt, "log": log,
             "evals": evals}
 
@@ -925,3 +965,195 @@ def reference_replay(
     diff = max(float((p.detach() - after[k]).abs().max()) for k, p in trainer.policy.state_dict().items() if k in after)
     return {"verl": {k: float(theirs[k]) for k in keys}, "reference": {k: float(ours[k]) for k in keys},
             "rows": len(trajs), "groups": groups, "max_weight_diff": diff}
+
+# %% ../nbs/15_verl_cpu.ipynb #2f2a2066
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalRayCluster:
+    """Ray nodes on this machine, started as a cluster's are: `ray start --head`, then `ray start --address` for each
+    other node, by the commands `launch_commands` writes for a multi-node GPU run. Each node is its own raylet with its
+    own resources; `stop`, or the end of a `with` block, ends them all."""
+
+    def __init__(
+        self,
+        nnodes: int = 2,  # the head and nnodes - 1 workers
+        gpus_per_node: int = 1,  # Ray's logical GPUs per node: one training process each (a CPU run's n_gpus_per_node)
+        cpus_per_node: int = 16,  # Ray's logical CPUs per node: verl's helper actors each reserve one
+        temp_dir: str | Path | None = None,  # Ray's session files and logs (None: a new folder under /tmp)
+    ):
+        if isinstance(nnodes, bool) or not isinstance(nnodes, int) or nnodes < 2:
+            raise ValueError(f"a cluster needs nnodes >= 2 (a head and a worker), got {nnodes!r}")
+        self.nnodes, self.cpus = nnodes, cpus_per_node
+        self.nodes_run = VerlRunConfig("grpo", nnodes=nnodes, n_gpus_per_node=gpus_per_node)  # sizes `ray start`
+        # Ray's socket paths must stay under 107 characters: a short folder, not the run's
+        self.temp_dir = Path(temp_dir) if temp_dir else Path(tempfile.mkdtemp(prefix="ar1-ray-"))
+        self.ray_port, self.dashboard_port = _free_port(), _free_port()
+        self.dashboard = f"http://127.0.0.1:{self.dashboard_port}"  # the job API and the state API
+        self.groups: list[int] = []  # each node's process group (its `ray start`): raylet, agents, the head's GCS
+        self.node_ids: list[str] = []  # in start order: the head first
+        self.headers: dict = {}  # the token the head made, for the state and job APIs
+
+    def commands(self, run: VerlRunConfig | None = None) -> dict[str, str]:
+        "`launch_commands` for this cluster: the CPU run's variables, its dashboard on localhost, its files in temp_dir."
+        run = run or self.nodes_run
+        if (run.nnodes, run.n_gpus_per_node) != (self.nnodes, self.nodes_run.n_gpus_per_node):
+            raise ValueError(f"the run wants {run.nnodes} nodes x {run.n_gpus_per_node} GPUs; this cluster has "
+                             f"{self.nnodes} x {self.nodes_run.n_gpus_per_node}")
+        return launch_commands(run, head_address="127.0.0.1", venv=sys.prefix, ray_port=self.ray_port,
+                               dashboard_port=self.dashboard_port, dashboard_host="127.0.0.1",
+                               env={EXTERNAL_MODULES_ENV: CPU_MODULE, "VERL_PLATFORM": PLATFORM},
+                               node_args=(f"--num-cpus={self.cpus}", f"--temp-dir={self.temp_dir}",
+                                          "--disable-usage-stats"))
+
+    def add_node(self, timeout: float = 300) -> str:  # the new node's id
+        "Start the head (the first call) or one more worker, and wait until Ray lists it alive."
+        before = {n["node_id"] for n in self.nodes()} if self.groups else set()
+        log = self.temp_dir / f"ray-start-{len(self.groups)}.log"
+        with open(log, "w") as f:
+            proc = subprocess.Popen(["bash", "-c", self.commands()["worker" if self.groups else "head"]], stdout=f,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+            rc = proc.wait(timeout)
+        if rc:
+            raise RuntimeError(f"`ray start` failed (exit {rc}); its output, {log}:\n" + log.read_text()[-2000:])
+        self.groups.append(proc.pid)  # the daemons it started stay in its process group
+        if not self.headers:
+            token = subprocess.run([f"{sys.prefix}/bin/ray", "get-auth-token"], capture_output=True, text=True,
+                                   check=True).stdout.strip()
+            self.headers = {"Authorization": f"Bearer {token}"}
+        deadline = time.time() + timeout
+        while not (new := [n for n in self.nodes() if n["state"] == "ALIVE" and n["node_id"] not in before]):
+            if time.time() > deadline:
+                raise RuntimeError(f"the node started by `ray start` did not join within {timeout:.0f} s; see {log}")
+            time.sleep(1)
+        self.node_ids.append(new[0]["node_id"])
+        return new[0]["node_id"]
+
+    def start(self, timeout: float = 300) -> "LocalRayCluster":
+        for _ in range(self.nnodes):
+            self.add_node(timeout)
+        return self
+
+    def role(self, node_id: str) -> str:
+        "'head', 'worker 1', 'worker 2', ... in start order (a restarted worker gets the next number)."
+        i = self.node_ids.index(node_id) if node_id in self.node_ids else -1
+        return "head" if i == 0 else f"worker {i}" if i > 0 else f"node {node_id[:8]}"
+
+    def _state(self, resource: str) -> list:
+        from ray.util.state import StateApiClient
+        from ray.util.state.common import ListApiOptions, StateResource
+
+        client = StateApiClient(self.dashboard, headers=self.headers)
+        return client.list(StateResource(resource), ListApiOptions(limit=1000), raise_on_missing_output=False)
+
+    def nodes(self) -> list[dict]:  # node_id, role, ip, state (ALIVE/DEAD), state_message, resources
+        "Every node Ray's state API knows of, the lost ones included."
+        return [{"node_id": n.node_id, "role": self.role(n.node_id), "ip": n.node_ip, "state": n.state,
+                 "state_message": n.state_message, "resources": n.resources_total} for n in self._state("nodes")]
+
+    def actors(self) -> list[dict]:  # class, name, node, pid of every live actor
+        "Where Ray placed every live actor (its state API): the placement a run's processes got."
+        return [{"class": a.class_name.rsplit(".", 1)[-1], "name": a.name, "node": self.role(a.node_id),
+                 "node_id": a.node_id, "pid": a.pid} for a in self._state("actors") if a.state == "ALIVE"]
+
+    def kill_node(self, i: int) -> int:  # the raylet's pid
+        "Kill node i's raylet (SIGKILL), as a machine that fails would lose it."
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                name, rest = stat.read_text().rsplit(")", 1)
+            except OSError:
+                continue
+            if name.endswith("(raylet") and int(rest.split()[2]) == self.groups[i]:  # field 5: the process group
+                os.kill(int(stat.parent.name), signal.SIGKILL)
+                return int(stat.parent.name)
+        raise RuntimeError(f"node {i} has no raylet running")
+
+    def stop(self):
+        "End every node: the workers' process groups, then the head's (Ray's worker processes exit with their raylet)."
+        for pgid in reversed(self.groups):
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.killpg(pgid, sig)
+                except ProcessLookupError:
+                    break
+                time.sleep(2)
+        self.groups = []
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+# %% ../nbs/15_verl_cpu.ipynb #3602e76d
+def launch_verl_on_cluster(
+    run: VerlRunConfig,  # the run, with run.nnodes nodes
+    out_dir: str | Path,  # logs as for launch_verl, and launch-<n>.sh (the commands), placement-<n>.json (processes)
+    cluster: LocalRayCluster,  # the running nodes
+    timeout: float | None = None,  # seconds before the job is stopped (None: no limit)
+    grace: float = 60.0,  # seconds the job may keep running after a node is lost before it is stopped
+) -> Path:  # the launch's log
+    """Submit verl's trainer to the cluster with the multi-node `submit` command, and watch the nodes: a node lost
+    mid-run ends the launch with an error that names it, never a hang."""
+    from ray.job_submission import JobSubmissionClient
+
+    out = Path(out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    n = 1 + len(list(out.glob("train-*.log")))
+    # a job's driver and its actors take their variables from Ray's runtime env, not from this process; Hydra writes
+    # its outputs/ into the job's working directory unless told where
+    log, metrics = out / f"train-{n}.log", out / f"metrics-{n}.jsonl"
+    run = dataclasses.replace(run, extra_overrides=(
+        *run.extra_overrides, f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={metrics}",
+        f"hydra.run.dir={out / 'outputs'}"))
+    (out / f"overrides-{n}.txt").write_text("\n".join(verl_overrides(run)) + "\n")
+    cmds = cluster.commands(run)  # kept as the launch's record: the nodes' commands and the job's
+    (out / f"launch-{n}.sh").write_text("\n\n".join(f"# {step}\n{cmd}" for step, cmd in cmds.items()) + "\n")
+    dead_before = {d["node_id"] for d in cluster.nodes() if d["state"] == "DEAD"}
+    placement, step_done, lost, stopped, t0 = None, False, None, False, time.time()
+    with open(log, "w") as f:  # `ray job submit` waits for the job and streams its log
+        proc = subprocess.Popen(["bash", "-c", cmds["submit"]], stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True, cwd=out)
+        while proc.poll() is None:
+            time.sleep(2)
+            try:
+                nodes = cluster.nodes()
+                if lost is None and (dead := [d for d in nodes if d["state"] == "DEAD"
+                                              and d["node_id"] not in dead_before]):
+                    lost, lost_at = dead[0], time.time()
+                if not step_done and lost is None:  # where each process runs, until a step is logged (all are up)
+                    placement = {"nodes": nodes, "actors": cluster.actors()}
+                    (out / f"placement-{n}.json").write_text(json.dumps(placement, indent=1))
+                    step_done = metrics.exists() and metrics.stat().st_size > 0
+            except Exception:  # the state API lives on the head: without it `ray job submit` ends too
+                pass
+            overdue = timeout is not None and time.time() - t0 > timeout
+            if overdue or (lost is not None and time.time() - lost_at > grace):
+                stopped, jobs = True, JobSubmissionClient(cluster.dashboard, headers=cluster.headers)
+                for job in jobs.list_jobs():
+                    if job.status == "RUNNING":
+                        jobs.stop_job(job.submission_id)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                if overdue and lost is None:
+                    raise RuntimeError(f"verl's job was stopped after {timeout:.0f} s; its log is {log}")
+                break
+        rc = proc.wait()
+    if lost is not None:
+        ckpt = latest_verl_checkpoint(run.checkpoint_dir) if run.checkpoint_dir else None
+        held = [f"{a['class']} {a['name'] or ''}".strip() for a in (placement or {}).get("actors", [])
+                if a["node_id"] == lost["node_id"]]
+        raise RuntimeError(
+            f"Ray node {lost['node_id'][:12]} ({lost['role']}, {lost['ip']}) was lost during the run: "
+            f"{lost['state_message'] or 'no reason given'}. It held: {', '.join(held) or 'no process of the run'}. "
+            f"verl's job {f'was stopped after {grace:.0f} s' if stopped else 'failed'}; the last checkpoint is "
+            f"{ckpt.name if ckpt else 'none (no step finished)'}, and the run started again resumes from it. "
+            f"The log is {log}.")
+    if rc != 0:
+        raise RuntimeError(f"verl's job exited with status {rc}; from its log {log}:\n" + _log_errors(log))
+    return log

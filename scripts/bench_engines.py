@@ -72,19 +72,14 @@ def source_config(src: Path, args):
 
 def run_one(cfg, src: Path, run_dir: Path, engine: str, suite) -> dict:
     "One RL run from the source's SFT model; its held-out curve (SFT at step 0, then every rl_eval_every steps)."
-    from agent_r1_tutorial.speedrun import _done, _mark, fork_after_sft, read_jsonl, run_speedrun
+    from agent_r1_tutorial.speedrun import _done, fork_after_sft, read_jsonl, run_speedrun
 
     if not run_dir.exists():
         fork_after_sft(src, run_dir, cfg)
     if engine == "verl" and not _done(run_dir, "rl"):
-        import time
-
         from agent_r1_tutorial.verl_cpu import verl_rl_stage
 
-        t0 = time.time()
-        verl_rl_stage(cfg, run_dir, suite, verbose=False)
-        times = json.loads((run_dir / "stages.json").read_text())
-        _mark(run_dir, "rl", time.time() - t0, times)
+        verl_rl_stage(cfg, run_dir, suite, verbose=False)  # marks the RL stage done, as run_speedrun's stages are
     ev = run_speedrun(cfg, run_dir, progress=False, stages=["rl", "eval"], suite=suite)
     keep = lambda r: {k: r[k] for k in ("em/1-hop", "em/2-hop", "after_2_searches/2-hop") if k in r}
     curve = [{"step": 0, **keep(ev["sft"])}]

@@ -98,7 +98,8 @@ def parser() -> argparse.ArgumentParser:
                       help="any SpeedrunConfig field, e.g. --set rl_steps=50 --set sft_hops=1 (repeatable)")
     full = ap.add_argument_group("full scale (verl on NVIDIA GPUs); defaults as in agent_r1_tutorial.verl_launch")
     full.add_argument("--gpus", type=int, default=None, help="GPUs per node (default 4)")
-    full.add_argument("--nnodes", type=int, default=None, help="nodes (default 1); more than one needs --head")
+    full.add_argument("--nnodes", type=int, default=None, help="nodes (default 1); more than one needs --head, except "
+                      "with --engine verl, which starts that many Ray nodes on this machine (chapter 15)")
     full.add_argument("--head", default=None, metavar="ADDRESS", help="the Ray head node's IP address (multi-node)")
     full.add_argument("--model", default=None, help="Hugging Face model id or local folder "
                       "(default Qwen/Qwen2.5-1.5B-Instruct)")
@@ -133,8 +134,11 @@ def resolve(args, ap) -> str:
         v = getattr(args, opt)
         if v is not None and v < 1:
             ap.error(f"--{opt.replace('_', '-')} must be a positive integer, got {v}")
-    if (args.nnodes or 1) > 1 and not args.head and not args.dry_run:
-        ap.error("--nnodes above 1 needs --head ADDRESS (the Ray head node's IP address)")
+    if (args.nnodes or 1) > 1 and not args.head and not args.dry_run and args.engine != "verl":
+        ap.error("--nnodes above 1 needs --head ADDRESS (the Ray head node's IP address); on a CPU, --engine verl "
+                 "--nnodes N starts N Ray nodes on this machine")
+    if args.engine == "verl" and args.head:
+        ap.error("--head joins the GPU run's cluster; --engine verl --nnodes N starts its N Ray nodes on this machine")
     for o in args.override:
         if "=" not in o:
             ap.error(f"--override needs KEY=VALUE, got {o!r}")
@@ -256,6 +260,8 @@ def tiny_run_dir(args) -> Path:
     base = Path(args.out) / (f"tiny-{args.task}-{args.algorithm}-s{args.seed}"
                              + ("" if args.preset == "tiny" else f"-{args.preset}")
                              + ("" if args.engine == "reference" else f"-{args.engine}")
+                             + ("" if args.engine != "verl" or (getattr(args, "nnodes", None) or 1) == 1
+                                else f"-{args.nnodes}nodes")
                              + ("" if rl_seed is None else f"-rl{rl_seed}"))
     d, n = base, 1
     while (d / ".eval.done").exists():
@@ -321,7 +327,7 @@ def tiny_stage(name: str):
         if name == "data" and (Path(run_dir) / "config.json").exists():
             print(f"  resuming the unfinished run in {run_dir}")
         if name == "rl" and args.engine == "verl":
-            return verl_rl(cfg, Path(run_dir), _SUITES[key])
+            return verl_rl(cfg, Path(run_dir), _SUITES[key], args.nnodes or 1)
         try:
             evals = run_speedrun(cfg, run_dir, stages=[name], suite=_SUITES[key])
         except ValueError as e:
@@ -359,20 +365,18 @@ def game_stage(name: str, cfg, run_dir: Path) -> str:
     return f"done {took}"
 
 
-def verl_rl(cfg, run_dir: Path, suite) -> str:
+def verl_rl(cfg, run_dir: Path, suite, nnodes: int = 1) -> str:
     "The RL stage on verl's own trainer (chapter 15), resumed from its last checkpoint when started again."
-    from agent_r1_tutorial.speedrun import _done, _mark
+    from agent_r1_tutorial.speedrun import _done
     from agent_r1_tutorial.verl_cpu import verl_rl_stage
 
     if _done(run_dir, "rl"):
         return "done before"
     t0 = time.time()
     try:
-        res = verl_rl_stage(cfg, run_dir, suite)
+        res = verl_rl_stage(cfg, run_dir, suite, nnodes=nnodes)  # marks the stage done
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         raise SystemExit(f"error: {e}")
-    times = json.loads((run_dir / "stages.json").read_text()) if (run_dir / "stages.json").exists() else {}
-    _mark(run_dir, "rl", time.time() - t0, times)
     steps = [m for m in res["metrics"] if m["step"] >= 1]
     per_step = sum(m.get("timing_s/step", 0.0) for m in steps) / max(1, len(steps))
     return f"done ({time.time() - t0:.0f} s): {len(steps)} verl steps, {per_step:.1f} s per step"
@@ -569,7 +573,8 @@ def full_train(run_dir, args) -> str:
     if args.dry_run:
         return "validated; agent loop ran on CPU; not launched (needs GPUs)"
     if len(cmds) > 1:
-        _say("multi-node: start the head, join each worker node, then submit (launch.sh holds the three steps)")
+        _say("multi-node: start the head, join each worker node, then submit (launch.sh holds the three steps); "
+             "each worker needs the head's ~/.ray/auth_token (Ray's token authentication)")
         return "commands written"
     n = 1 + len(list(run_dir.glob("train-*.log")))  # each launch keeps its log and metrics: a resumed run loses none
     log = run_dir / f"train-{n}.log"

@@ -82,6 +82,9 @@ def test_setup_rejects_unknown_profile():
     (["--preset", "huge"], "invalid choice: 'huge'"),
     (["--threads", "0"], "--threads must be a positive integer"),
     (["--set", "rl_steps"], "--set needs KEY=VALUE"),
+    (["--nnodes", "0"], "--nnodes must be a positive integer"),
+    (["--nnodes", "2"], "--nnodes above 1 needs --head ADDRESS"),  # the reference trainer runs in one process
+    (["--engine", "verl", "--nnodes", "2", "--head", "10.0.0.1"], "--engine verl --nnodes N starts its N Ray nodes"),
 ])
 def test_speedrun_rejects_bad_tiny_options(args, msg):
     code, out, err = run(["speedrun.sh", "--scale", "tiny", *args])
@@ -300,6 +303,8 @@ def test_rl_seed_seeds_rl_alone_and_names_its_folder():
     args = types.SimpleNamespace(task="search", algorithm="grpo", seed=0, preset="tiny", engine="verl", out="runs",
                                  tiny_set=["rl_seed=2"], retriever="dense", threads=None)
     assert _cli().tiny_run_dir(args).name == "tiny-search-grpo-s0-verl-rl2"
+    two = types.SimpleNamespace(**{**vars(args), "nnodes": 2})  # --nnodes 2: verl over two Ray nodes, its own folder
+    assert _cli().tiny_run_dir(two).name == "tiny-search-grpo-s0-verl-2nodes-rl2"
 
 
 def test_bench_engines_refuses_bad_input(tmp_path):

@@ -47,6 +47,8 @@ def test_the_verl_run_starts_from_the_finished_runs_sft_model(run):
     assert weights(run["dir"]) == weights(run["source"])  # the same SFT model, byte for byte
     assert json.loads((run["dir"] / "stages.json").read_text())["sft"] == \
         json.loads((run["source"] / "stages.json").read_text())["sft"]  # its SFT time is the source's: not retrained
+    report = (run["dir"] / "report.md").read_text()  # and the report card says whose times those are
+    assert f"copied from run `{run['source'].name}`: their times are that run's" in report
 
 
 def test_held_out_em_is_measured_on_verls_checkpoints_as_on_the_reference_trainers(run):
@@ -230,6 +232,8 @@ def test_a_checkpoint_was_written_and_the_run_resumes_from_it(run, capsys):
     ckpt = latest_verl_checkpoint(run["verl"] / "checkpoints")
     assert ckpt.name == "global_step_2"
     assert next((ckpt / "actor" / "huggingface").glob("*.safetensors"), None) is not None  # hf_model saved
+    # float32 weights, labelled so: from_pretrained on a checkpoint loads the model that was trained, not bfloat16
+    assert json.loads((ckpt / "actor" / "huggingface" / "config.json").read_text())["dtype"] == "float32"
     assert (ckpt / "data.pt").exists()  # the data loader's position
     cfg = SpeedrunConfig.preset("ci", rl_steps=2)
     res = verl_rl_stage(cfg, run["dir"], build_suite(cfg), steps=3)
@@ -278,3 +282,83 @@ def test_every_other_algorithm_runs_a_step(algorithm, run, tmp_path):
     assert math.isfinite(m["actor/pg_loss"]) and math.isfinite(m["actor/grad_norm"])
     if algorithm in ("ppo", "steppo"):  # verl's critic, loaded with the patched loader, trained
         assert math.isfinite(m["critic/vf_loss"])
+
+
+def _questions(rollouts: Path, step: int) -> list[str]:
+    "The prompts verl sampled at a step (its rollout dump), sorted: which questions the step trained on."
+    return sorted(json.loads(l)["input"] for l in (rollouts / f"{step}.jsonl").read_text().splitlines())
+
+
+@pytest.fixture(scope="module")
+def two_nodes(run):
+    "`bash speedrun.sh grpo --engine verl --nnodes 2`: the CI preset's run over a head and a worker node on this machine."
+    out = run["source"].parent
+    code, stdout, stderr = speedrun("grpo", "--engine", "verl", "--preset", "ci", "--nnodes", "2", "--set",
+                                    "rl_steps=3", "--out", out, timeout=1800)
+    assert code == 0, (stdout + stderr)[-4000:]
+    run_dir = out / "tiny-search-grpo-s0-ci-verl-2nodes"
+    return {"dir": run_dir, "verl": run_dir / "verl", "stdout": stdout}
+
+
+@pytest.mark.slow
+def test_verl_trains_across_two_ray_nodes_through_the_multi_node_launch(two_nodes):
+    "The head and a worker, each its own raylet with its own resources; verl placed a training process on each."
+    from agent_r1_tutorial.verl_cpu import read_verl_metrics
+
+    assert "2 Ray nodes on this machine: head" in two_nodes["stdout"]
+    launch = (two_nodes["verl"] / "launch-1.sh").read_text()  # chapter 14's three commands, as a GPU cluster runs them
+    assert "ray start --head" in launch and "ray start --address=127.0.0.1:" in launch and "ray job submit" in launch
+    assert "trainer.nnodes=2" in launch and "RAY_AUTH_MODE=token" in launch
+    placement = json.loads((two_nodes["verl"] / "placement-1.json").read_text())
+    nodes = {n["node_id"]: n for n in placement["nodes"]}
+    assert len(nodes) == 2 and all(n["state"] == "ALIVE" and n["resources"]["GPU"] == 1 for n in nodes.values())
+    where = lambda cls: sorted(a["node"] for a in placement["actors"] if a["class"] == cls)
+    assert where("WorkerDict") == ["head", "worker 1"]  # one training process (FSDP rank) per node
+    assert where("HFRolloutServer") == ["head", "worker 1"]  # each rollout server beside its replica's process
+    steps = [m for m in read_verl_metrics(two_nodes["verl"]) if m["step"] >= 1]
+    assert [m["step"] for m in steps] == [1, 2, 3]
+    assert all(math.isfinite(m["actor/pg_loss"]) and math.isfinite(m["actor/grad_norm"]) for m in steps)
+    assert (two_nodes["dir"] / "final_model" / "config.json").exists() and (two_nodes["dir"] / "report.md").exists()
+
+
+@pytest.mark.slow
+def test_a_lost_node_stops_the_run_with_its_name_and_the_restart_resumes(two_nodes, tmp_path):
+    "The worker's raylet killed during step 2: an error naming the node, no hang, logs and checkpoint kept; resumed."
+    import shutil
+    import threading
+    import time
+
+    from agent_r1_tutorial.speedrun import SpeedrunConfig, build_suite
+    from agent_r1_tutorial.verl_cpu import LocalRayCluster, latest_verl_checkpoint, read_verl_metrics, verl_rl_stage
+
+    shutil.copytree(two_nodes["dir"] / "sft_model", tmp_path / "sft_model")
+    cfg = SpeedrunConfig.preset("ci", rl_steps=3)
+    suite, verl = build_suite(cfg), tmp_path / "verl"
+    killed = {}
+    with LocalRayCluster(2) as cluster:
+        def kill_in_step_2():
+            while latest_verl_checkpoint(verl / "checkpoints") is None:
+                time.sleep(1)
+            time.sleep(3)
+            killed["pid"], killed["at"] = cluster.kill_node(1), time.time()
+
+        threading.Thread(target=kill_in_step_2, daemon=True).start()
+        with pytest.raises(RuntimeError) as err:
+            verl_rl_stage(cfg, tmp_path, suite, cluster=cluster, verbose=False)
+        msg, waited = str(err.value), time.time() - killed["at"]
+        assert "(worker 1, " in msg and "was lost during the run" in msg and "WorkerDict" in msg, msg
+        assert "the last checkpoint is global_step_1" in msg and "train-1.log" in msg
+        assert waited < 150, waited  # the guard's minute, then the job is stopped: no hang
+        assert (verl / "checkpoints" / "global_step_1").is_dir() and (verl / "train-1.log").stat().st_size > 0
+
+        cluster.add_node()  # the worker comes back as a new node
+        res = verl_rl_stage(cfg, tmp_path, suite, cluster=cluster, verbose=True)
+    assert latest_verl_checkpoint(verl / "checkpoints").name == "global_step_3"
+    assert [m["step"] for m in read_verl_metrics(verl) if m["step"] >= 1] == [1, 2, 3]
+    second = [json.loads(l)["step"] for l in (verl / "metrics-2.jsonl").read_text().splitlines()]
+    assert 1 not in second  # the restart trained from global_step_1 on, not from the start
+    # the data loader's position came back with the checkpoint: steps 2 and 3 trained on the uninterrupted run's
+    # questions (their samples differ: the CPU rollout's draws depend on how requests happen to be batched)
+    for step in (2, 3):
+        assert _questions(verl / "rollouts", step) == _questions(two_nodes["verl"] / "rollouts", step)
+    assert math.isfinite(res["metrics"][-1]["actor/pg_loss"])
