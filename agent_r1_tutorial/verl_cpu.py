@@ -1083,7 +1083,11 @@ class LocalRayCluster:
         self.groups = []
 
     def __enter__(self):
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:  # a node that did not come up: the ones that did are stopped, not left running
+            self.stop()
+            raise
 
     def __exit__(self, *exc):
         self.stop()
