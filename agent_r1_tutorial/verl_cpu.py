@@ -998,7 +998,7 @@ class LocalRayCluster:
         self.headers: dict = {}  # the token the head made, for the state and job APIs
 
     def commands(self, run: VerlRunConfig | None = None) -> dict[str, str]:
-        "`launch_commands` for this cluster: the CPU run's variables, its dashboard on localhost, its files in temp_dir."
+        "`launch_commands` for this cluster: the CPU run's variables, the dashboard on localhost, files in temp_dir."
         run = run or self.nodes_run
         if (run.nnodes, run.n_gpus_per_node) != (self.nnodes, self.nodes_run.n_gpus_per_node):
             raise ValueError(f"the run wants {run.nnodes} nodes x {run.n_gpus_per_node} GPUs; this cluster has "
