@@ -1148,6 +1148,16 @@ def launch_verl_on_cluster(
                     raise RuntimeError(f"verl's job was stopped after {timeout:.0f} s; its log is {log}")
                 break
         rc = proc.wait()
+    # verl may fail on a lost node's first dead call, before Ray has marked the node dead (missed heartbeats take
+    # seconds): a failed job waits for Ray's verdict, so that the error names the node when one was lost
+    settle = time.time() + 45
+    while rc != 0 and lost is None and time.time() < settle:
+        try:
+            dead = [d for d in cluster.nodes() if d["state"] == "DEAD" and d["node_id"] not in dead_before]
+            lost = dead[0] if dead else None
+        except Exception:
+            pass
+        time.sleep(2)
     if lost is not None:
         ckpt = latest_verl_checkpoint(run.checkpoint_dir) if run.checkpoint_dir else None
         held = [f"{a['class']} {a['name'] or ''}".strip() for a in (placement or {}).get("actors", [])
