@@ -366,7 +366,7 @@ def __getattr__(name):  # PEP 562: verl finds `agent_r1_tutorial.verl_cpu.HFServ
 
 # %% ../nbs/15_verl_cpu.ipynb #fc44ee17
 def install_on_cpu() -> dict:  # what was registered and patched
-    "Everything a process of a CPU run needs, in order: the platform, the engines, two patches, the rollout, the bridge."
+    "Everything a process of a CPU run needs, in order: platform, engines, two patches, rollout, bridge."
     out = {"platform": register_cpu_platform()}  # first: importing verl's engines asks which platform this is
     out["engines"] = register_cpu_engines()
     out["patched"] = [patch_gloo_process_group(), patch_unpinned_offload()]
@@ -1117,6 +1117,8 @@ def launch_verl_on_cluster(
     cmds = cluster.commands(run)  # kept as the launch's record: the nodes' commands and the job's
     (out / f"launch-{n}.sh").write_text("\n\n".join(f"# {step}\n{cmd}" for step, cmd in cmds.items()) + "\n")
     dead_before = {d["node_id"] for d in cluster.nodes() if d["state"] == "DEAD"}
+    newly_dead = lambda nodes: next((d for d in nodes if d["state"] == "DEAD" and d["node_id"] not in dead_before),
+                                    None)  # a node lost since this launch began
     placement, step_done, lost, stopped, t0 = None, False, None, False, time.time()
     with open(log, "w") as f:  # `ray job submit` waits for the job and streams its log
         proc = subprocess.Popen(["bash", "-c", cmds["submit"]], stdout=f, stderr=subprocess.STDOUT,
@@ -1125,9 +1127,8 @@ def launch_verl_on_cluster(
             time.sleep(2)
             try:
                 nodes = cluster.nodes()
-                if lost is None and (dead := [d for d in nodes if d["state"] == "DEAD"
-                                              and d["node_id"] not in dead_before]):
-                    lost, lost_at = dead[0], time.time()
+                if lost is None and (lost := newly_dead(nodes)) is not None:
+                    lost_at = time.time()
                 if not step_done and lost is None:  # where each process runs, until a step is logged (all are up)
                     placement = {"nodes": nodes, "actors": cluster.actors()}
                     (out / f"placement-{n}.json").write_text(json.dumps(placement, indent=1))
@@ -1153,11 +1154,11 @@ def launch_verl_on_cluster(
     settle = time.time() + 45
     while rc != 0 and lost is None and time.time() < settle:
         try:
-            dead = [d for d in cluster.nodes() if d["state"] == "DEAD" and d["node_id"] not in dead_before]
-            lost = dead[0] if dead else None
+            lost = newly_dead(cluster.nodes())
         except Exception:
             pass
-        time.sleep(2)
+        if lost is None:
+            time.sleep(2)
     if lost is not None:
         ckpt = latest_verl_checkpoint(run.checkpoint_dir) if run.checkpoint_dir else None
         held = [f"{a['class']} {a['name'] or ''}".strip() for a in (placement or {}).get("actors", [])
