@@ -248,6 +248,19 @@ def resolve_tools(
     return table
 
 # %% ../nbs/03_tools.ipynb #a5a76cc2
+def _start(tool: BaseTool, arguments: dict) -> tuple[asyncio.Future, asyncio.Event]:
+    "Start a call: natively async tools at once on this loop, `execute` when a worker thread is free (`started`)."
+    loop, started = asyncio.get_running_loop(), asyncio.Event()
+    if type(tool).aexecute is not BaseTool.aexecute:
+        started.set()
+        return asyncio.ensure_future(tool.aexecute(arguments)), started
+
+    def run():
+        loop.call_soon_threadsafe(started.set)
+        return tool.execute(**arguments)
+    return asyncio.ensure_future(loop.run_in_executor(_tool_executor(), run)), started
+
+
 async def _run_one(call: ToolCall, table: dict[str, BaseTool], timeout: float | None, max_chars: int | None,
                    side: str) -> ToolResult:
     tool = table.get(call.name) if isinstance(call.name, str) else None
@@ -261,8 +274,18 @@ async def _run_one(call: ToolCall, table: dict[str, BaseTool], timeout: float | 
                                 f"Expected: {tool.arguments_hint()}.", "invalid_arguments", name=tool.name)
     t0 = time.perf_counter()
     try:
+        task, started = _start(tool, dict(call.arguments))
+        if timeout is not None and not started.is_set():
+            # a call waiting for a free worker thread has not started yet: its limit runs from when a thread takes it
+            # (else a busy pool times out calls that never ran), and the wait for a thread has the same bound
+            waiter = asyncio.ensure_future(started.wait())
+            await asyncio.wait({task, waiter}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            if not started.is_set() and not task.done():
+                task.cancel()
+                return ToolResult.error(f"tool '{tool.name}' did not start within {timeout:g} s: every worker thread "
+                                        "was busy.", "queue_timeout", name=tool.name)
         # asyncio.wait, not wait_for: a tool's own TimeoutError must read as a failure, not as our time limit
-        task = asyncio.ensure_future(tool.aexecute(dict(call.arguments)))
         done, _ = await asyncio.wait({task}, timeout=timeout)
         if not done:
             task.cancel()
