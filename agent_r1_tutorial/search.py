@@ -376,7 +376,18 @@ def search(
     _check_k(k)
     if not queries:
         return []
-    scores, ids = self.index.search(self.encoder.encode_queries(list(queries)), min(k, len(self.docs)))
+    return self.search_embeddings(self.encoder.encode_queries(list(queries)), k)
+
+
+@patch
+def search_embeddings(
+    self: DenseRetriever,
+    embeddings: np.ndarray,  # (Q, D) query embeddings, made by this retriever's encoder
+    k: int = 5,  # hits per query
+) -> list[list[tuple[Doc, float]]]:  # per query: (doc, cosine score) pairs, best first
+    "The FAISS half of `search`: a caller that embeds queries for several indexes at once calls this for each."
+    _check_k(k)
+    scores, ids = self.index.search(np.ascontiguousarray(embeddings, dtype=np.float32), min(k, len(self.docs)))
     return [[(self.docs[int(i)], float(s)) for s, i in zip(srow, irow) if i >= 0] for srow, irow in zip(scores, ids)]
 
 
@@ -584,7 +595,10 @@ class SearchTool(BaseTool):
         query = query.strip()
         if not query:
             return ToolResult.error("the query is empty; write what to look for", "empty_query")
-        hits = self.retriever.search([query], k=self.k)[0]
+        return self.observe(query, self.retriever.search([query], k=self.k)[0])
+
+    def observe(self, query: str, hits: list) -> ToolResult:
+        "What the model reads for a search's hits: the passages within the budget, or a note that nothing was found."
         if self.min_score is not None:
             hits = [(d, s) for d, s in hits if s >= self.min_score]
         info = {"query": query, "doc_ids": [d.id for d, _ in hits], "scores": [round(s, 4) for _, s in hits]}
