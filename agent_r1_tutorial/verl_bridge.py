@@ -88,6 +88,8 @@ def env_from_row(
     tool_names = list(tools_kwargs) if tool_names is None else [str(t) for t in tool_names]
     if "search" in tool_names:
         import agent_r1_tutorial.search  # registers the search tool  # noqa: F401
+    if "search_service" in tool_names:
+        import agent_r1_tutorial.retrieval_server  # registers the search tool over a retrieval service  # noqa: F401
     tools = []
     for t in tool_names:
         create = (tools_kwargs.get(t) or {}).get("create_kwargs") or {}
@@ -141,6 +143,12 @@ async def run_agent_episode(
         t = time.perf_counter()
         out, ids, lps = await _sample_turn(server_manager, rid, context, base, room, versions, turn == 0)
         gen_s, preempted = gen_s + time.perf_counter() - t, preempted + (getattr(out, "num_preempted", None) or 0)
+        if not ids:  # the server aborted the turn (verl drains its servers to refill prompts or sync weights)
+            if not steps:
+                raise RuntimeError(f"episode {rid}: the server aborted the first turn; the episode has no step to keep")
+            last = steps[-1]  # the turns played so far are kept, ended by the abort
+            last.truncated, last.reason, last.info = True, "aborted", {**last.info, "reason": "aborted"}
+            break
         # the budget ran out before an end-of-turn token: the environment truncates such a turn (servers name their
         # stop reasons differently, so it is read from the tokens)
         cut = len(ids) >= room and ids[-1] != eos
@@ -215,7 +223,7 @@ async def _sample_turn(server_manager, rid: str, context: list[int], base: dict,
         versions["min_global_steps"] = ef.get("min_global_steps", ef.get("global_steps"))
     versions["max_global_steps"] = ef.get("max_global_steps", ef.get("global_steps"))
     ids = [int(i) for i in out.token_ids][:room]  # a server never returns more; if it did, the budget wins
-    if not ids:
+    if not ids and out.stop_reason != "aborted":  # aborted: verl drained the server (the caller ends the episode)
         raise RuntimeError(f"episode {rid}: the server returned no tokens (stop reason {out.stop_reason!r})")
     return out, ids, ([float(x) for x in out.log_probs[:len(ids)]] if out.log_probs else None)
 

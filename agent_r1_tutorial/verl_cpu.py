@@ -28,9 +28,9 @@ import torch
 from fastcore.basics import patch
 
 from .mdp import Step, Trajectory
-from .search import BM25Retriever, DenseRetriever, SentenceEncoder, once_per_process
+from .retrieval_server import RetrievalServer, ServiceSearch
 from .speedrun import SpeedrunConfig
-from .worlds import CachedEncoder, World, WorldSearchTool
+from .worlds import World, WorldSearchTool
 from .tools import register_tool
 from .verl_bridge import AGENT_NAME, EXTERNAL_MODULES_ENV, register_with_verl, replace_verl_attribute
 from .verl_data import check_row, write_rows
@@ -47,10 +47,10 @@ from agent_r1_tutorial.verl_launch import (
 __all__ = ['PLATFORM', 'CPU_MODULE', 'ROLLOUT', 'SERVER_NAME', 'STEP_PHASES', 'cpu_device_module', 'cpu_platform_class',
            'register_cpu_platform', 'register_cpu_engines', 'patch_gloo_process_group', 'patch_unpinned_offload',
            'HFRolloutServer', 'hf_replica_class', 'hf_server_adapter_class', 'register_cpu_rollout', 'install_on_cpu',
-           'WorldPassageSearch', 'world_rows', 'cpu_overrides', 'prompt_budget', 'cpu_run_config', 'launch_verl',
-           'verl_rl_stage', 'evaluate_checkpoints', 'both_rollouts', 'step_time_breakdown', 'verl_report',
-           'run_timeline', 'mask_segments', 'export_run', 'read_episodes', 'trajectory_from_output', 'reference_replay',
-           'LocalRayCluster', 'launch_verl_on_cluster']
+           'WorldServiceSearch', 'world_passages', 'world_rows', 'cpu_overrides', 'prompt_budget', 'cpu_run_config',
+           'launch_verl', 'verl_rl_stage', 'evaluate_checkpoints', 'both_rollouts', 'step_time_breakdown',
+           'verl_report', 'run_timeline', 'mask_segments', 'export_run', 'read_episodes', 'trajectory_from_output',
+           'reference_replay', 'LocalRayCluster', 'launch_verl_on_cluster']
 
 # %% ../nbs/15_verl_cpu.ipynb #1f245317
 PLATFORM = "ar1_cpu"  # VERL_PLATFORM's value: verl's platform registry hands out CPUPlatform
@@ -380,46 +380,44 @@ if os.environ.get("VERL_PLATFORM") == PLATFORM:  # a process of a CPU run: verl 
     install_on_cpu()
 
 # %% ../nbs/15_verl_cpu.ipynb #5b800986
-@once_per_process
-def _world_encoder() -> CachedEncoder:
-    return CachedEncoder(SentenceEncoder("all-MiniLM-L6-v2"))
-
-
 @register_tool(name="world_search")
-class WorldPassageSearch(WorldSearchTool):
-    """The tiny speedrun's search tool over one world, built from the passages a data row carries (the model sees
-    `search`)."""
+class WorldServiceSearch(ServiceSearch):
+    "The tiny speedrun's search tool over one world's collection of a retrieval service (the model sees `search`)."
+    description, parameters = WorldSearchTool.description, WorldSearchTool.parameters  # the speedrun's one-line schema
 
     def __init__(
         self,
-        passages: Sequence[dict],  # the world's passages ({"id", "title", "text"}), as World.passages() gives them
-        retriever: str = "dense",  # "dense" (MiniLM + FAISS) or "bm25"
+        url: str,  # the retrieval service (chapter 04a), serving world_passages
+        collection: str,  # the world's collection: "<split>-<world index>"
         k: int = 1,  # passages per search
         max_chars: int = 400,  # the observation's budget
+        timeout: float = 30.0,  # seconds for the service's answer
     ):
-        if retriever not in ("dense", "bm25"):
-            raise ValueError(f"retriever must be 'dense' or 'bm25', got {retriever!r}")
-        if not passages:
-            raise ValueError("a world has passages: got none")
-        docs = [dict(d) for d in passages]
-        super().__init__(DenseRetriever(docs, encoder=_world_encoder()) if retriever == "dense" else BM25Retriever(docs),
-                         k=k, max_chars=max_chars)
+        super().__init__(url, collection, k=k, max_chars=max_chars, timeout=timeout)
+
+
+def world_passages(
+    worlds: Sequence[World],  # the worlds of one split
+    split: str,  # "train" or "validation": names the collections "<split>-<world index>"
+) -> list[dict]:  # one {"collection", "id", "title", "text"} per passage: what RetrievalServer(passages=...) reads
+    "Every world's passages as one collection each, for the retrieval service."
+    return [{"collection": f"{split}-{w}", **d} for w, world in enumerate(worlds) for d in world.passages()]
 
 
 def world_rows(
     tasks: Sequence[dict],  # speedrun tasks: question, answer, hops, world
     worlds: Sequence[World],  # the worlds they are about
     split: str,  # "train" or "validation"
-    retriever: str = "dense",  # the search tool's retriever
+    url: str,  # the retrieval service serving world_passages(worlds, split)
     k: int = 1,  # passages per search
     max_turns: int = 4,  # model responses per episode
 ) -> list[dict]:  # verl rows: the same first prompt, tool and budgets as the speedrun's environment
-    "The tiny speedrun's questions as verl parquet rows, each carrying its world's passages for the search tool."
+    "The tiny speedrun's questions as verl parquet rows, each naming its world's collection for the search tool."
     rows = []
     for i, t in enumerate(tasks):
         if not 0 <= t.get("world", -1) < len(worlds):
             raise ValueError(f"task {i} names world {t.get('world')!r}, but there are {len(worlds)} worlds")
-        create = {"passages": worlds[t["world"]].passages(), "retriever": retriever, "k": k, "max_chars": 400}
+        create = {"url": url, "collection": f"{split}-{t['world']}", "k": k, "max_chars": 400}
         rows.append(check_row({
             "data_source": "tiny_qa", "prompt": [{"role": "user", "content": t["question"]}], "ability": "multihop_qa",
             "reward_model": {"style": "rule", "ground_truth": t["answer"]}, "agent_name": AGENT_NAME,
@@ -629,33 +627,43 @@ def verl_rl_stage(
     # saved again: a run from before save_tokenizer left a tokenizer that AutoTokenizer, so verl, misreads (chapter 00a)
     tok = PreTrainedTokenizerFast.from_pretrained(run_dir / "sft_model")
     save_tokenizer(tok, run_dir / "sft_model")
-    kw = dict(retriever=cfg.retriever, k=cfg.search_k, max_turns=cfg.max_turns)
-    train = world_rows(suite.train_tasks, suite.train_env.worlds, "train", **kw)
-    held = suite.eval_tasks[::max(1, len(suite.eval_tasks) // val_tasks)][:val_tasks]  # spread over worlds and hops
-    write_rows(train, out / "data" / "train.parquet")
-    write_rows(world_rows(held, suite.eval_env.worlds, "validation", **kw), out / "data" / "validation.parquet")
-    run = cpu_run_config(cfg, run_dir / "sft_model", out, prompt_budget(train, tok), max_response_length, steps,
-                         nnodes)
-    if overrides:
-        run = dataclasses.replace(run, extra_overrides=(*run.extra_overrides, *overrides))
-    overrides = cpu_overrides(run)
-    say = print if verbose else (lambda *a, **k: None)
-    say(f"verl on the CPU: the {cfg.algorithm} configuration a GPU run uses (verl_overrides), then "
-          f"{len(overrides)} overrides for this machine:")
-    for o, why in overrides:
-        say(f"  {o}\n      {why}")
-    done = latest_verl_checkpoint(out / "checkpoints")
-    if done is not None:
-        say(f"resuming from {done.name} (verl's trainer.resume_mode=auto)")
-    if nnodes == 1:
-        log = launch_verl(run, out, timeout)
-    elif cluster is not None:
-        log = launch_verl_on_cluster(run, out, cluster, timeout)
-    else:
-        with LocalRayCluster(nnodes) as cluster:
-            nodes = ", ".join(f"{cluster.role(i)} {i[:8]}" for i in cluster.node_ids)
-            say(f"{nnodes} Ray nodes on this machine: {nodes}")
+    # one retrieval service for the run, every world a collection; the rows name its address
+    passages = out / "retrieval" / "passages.jsonl"
+    passages.parent.mkdir(parents=True, exist_ok=True)
+    passages.write_text("".join(json.dumps(p) + "\n" for p in [*world_passages(suite.train_env.worlds, "train"),
+                                                                  *world_passages(suite.eval_env.worlds, "validation")]))
+    server = RetrievalServer(passages=passages, retriever=cfg.retriever, log_file=out / "retrieval" / "server.log")
+    url = server.start()
+    try:  # the service stops however the run ends
+        kw = dict(k=cfg.search_k, max_turns=cfg.max_turns)
+        train = world_rows(suite.train_tasks, suite.train_env.worlds, "train", url, **kw)
+        held = suite.eval_tasks[::max(1, len(suite.eval_tasks) // val_tasks)][:val_tasks]  # spread over worlds and hops
+        write_rows(train, out / "data" / "train.parquet")
+        write_rows(world_rows(held, suite.eval_env.worlds, "validation", url, **kw), out / "data" / "validation.parquet")
+        run = cpu_run_config(cfg, run_dir / "sft_model", out, prompt_budget(train, tok), max_response_length, steps,
+                             nnodes)
+        if overrides:
+            run = dataclasses.replace(run, extra_overrides=(*run.extra_overrides, *overrides))
+        overrides = cpu_overrides(run)
+        say = print if verbose else (lambda *a, **k: None)
+        say(f"verl on the CPU: the {cfg.algorithm} configuration a GPU run uses (verl_overrides), then "
+              f"{len(overrides)} overrides for this machine:")
+        for o, why in overrides:
+            say(f"  {o}\n      {why}")
+        done = latest_verl_checkpoint(out / "checkpoints")
+        if done is not None:
+            say(f"resuming from {done.name} (verl's trainer.resume_mode=auto)")
+        if nnodes == 1:
+            log = launch_verl(run, out, timeout)
+        elif cluster is not None:
             log = launch_verl_on_cluster(run, out, cluster, timeout)
+        else:
+            with LocalRayCluster(nnodes) as cluster:
+                nodes = ", ".join(f"{cluster.role(i)} {i[:8]}" for i in cluster.node_ids)
+                say(f"{nnodes} Ray nodes on this machine: {nodes}")
+                log = launch_verl_on_cluster(run, out, cluster, timeout)
+    finally:
+        server.stop()
     ckpt = latest_verl_checkpoint(out / "checkpoints")
     if ckpt is None:
         raise RuntimeError(f"verl's trainer finished but wrote no checkpoint; see {log}")

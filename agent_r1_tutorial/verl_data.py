@@ -152,14 +152,20 @@ def hotpotqa_rows(
     max_turns: int = 5,  # the most model responses per episode
     search_k: int = 3,  # passages per search
     search_max_chars: int = 1000,  # the search observation's character budget
-    search_index_dir: str | None = None,  # the retriever folder the search tool loads (build_corpus_index)
+    search_url: str | None = None,  # the retrieval service the search tool asks (chapter 04a), e.g. one per node
+    search_index_dir: str | None = None,  # instead: the retriever folder each worker's search tool loads itself
     template: str = HOTPOTQA_PROMPT,  # the user message; must contain {question}
 ) -> list[dict]:  # verl rows
     "verl parquet rows for HotpotQA with the search tool, from a seeded sample of the records."
     if "{question}" not in template:
         raise ValueError("template must contain {question}")
-    search = {"k": search_k, "max_chars": search_max_chars}  # SearchTool's constructor arguments
-    if search_index_dir is not None:
+    if search_url is not None and search_index_dir is not None:
+        raise ValueError("give search_url (a retrieval service) or search_index_dir (an index in every worker), not both")
+    search = {"k": search_k, "max_chars": search_max_chars}  # the search tool's constructor arguments
+    tool = "search"  # the registered tool the row names (the model sees `search` either way)
+    if search_url is not None:
+        tool, search["url"] = "search_service", str(search_url)
+    elif search_index_dir is not None:
         search["index_dir"] = str(search_index_dir)
     rows = []
     for i, j in enumerate(seeded_sample(len(records), n, seed)):
@@ -169,8 +175,8 @@ def hotpotqa_rows(
             raise ValueError(f"HotpotQA record {j} needs a non-empty 'question' and 'answer', got keys {sorted(rec)}")
         rows.append(_row(
             "hotpotqa/hotpot_qa", "multihop_qa", template.format(question=q.strip()), a.strip(), split, i, q.strip(),
-            {"search": {"create_kwargs": dict(search)}},
-            {"env": "tool", "tools": ["search"], "tool_format": "hermes", "max_turns": max_turns},
+            {tool: {"create_kwargs": dict(search)}},
+            {"env": "tool", "tools": [tool], "tool_format": "hermes", "max_turns": max_turns},
             fmt="hermes", metric="em", source_id=str(rec.get("_id", j)), qtype=str(rec.get("type", "")),
             supporting_titles=sorted({str(t) for t, _ in rec.get("supporting_facts", [])})))
     return rows

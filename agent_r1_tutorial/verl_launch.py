@@ -445,15 +445,24 @@ def launch_commands(
     env: dict[str, str] | None = None,  # variables every command sets (None: the one that registers our code)
     node_args: Sequence[str] = (),  # further `ray start` flags for every node, e.g. "--num-cpus=16"
     dashboard_host: str = "0.0.0.0",  # where the head's dashboard, which takes job submissions, listens
-) -> dict[str, str]:  # "train" (single node) or "head", "worker", "submit" (multi-node), as shell commands
+    retrieval_index: str | None = None,  # a saved retriever: every node first starts a retrieval service over it
+    retrieval_port: int = 8765,  # where each node's service listens, on 127.0.0.1 (the rows' search_url)
+    retrieval_device: str = "cuda",  # where the service's query encoder runs
+    log_dir: str = ".",  # where each node's service writes retrieval-<host>.log and its pid
+) -> dict[str, str]:  # ["retrieval"], "train" (single node) or "head", "worker", "submit" (multi-node), as commands
     "The exact shell commands that launch the run: one on a single node, three steps on several nodes."
     env = {EXTERNAL_MODULES_ENV: MODULE_NAME} if env is None else env
     setenv = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in env.items())
     python, ray = f"{venv}/bin/python", f"{venv}/bin/ray"
     args = " \\\n    ".join(shlex.quote(o) for o in verl_overrides(run))
     trainer = f"{python} -m verl.trainer.main_ppo \\\n    {args}"
+    service = None
+    if retrieval_index is not None:  # started in the background; returns once /health answers (or fails with its log)
+        service = (f"{python} scripts/retrieval_server.py --index-dir default={shlex.quote(str(retrieval_index))} "
+                   f"--device {retrieval_device} --port {retrieval_port} "
+                   f"--background {shlex.quote(str(log_dir))}/retrieval-\"$(hostname)\".log")
     if run.nnodes == 1 and head_address is None:
-        return {"train": f"{setenv} {trainer}"}
+        return {**({"retrieval": service} if service else {}), "train": f"{setenv} {trainer}"}
     head = head_address or "$HEAD_IP"
     # the job's entrypoint runs in Ray's job supervisor, not in this folder: absolute paths. The variables go on the
     # entrypoint, not into `--runtime-env-json`: the overrides already put them into ray.init's runtime_env, and Ray
@@ -465,10 +474,11 @@ def launch_commands(
     # head, and each worker given the head's (copy ~/.ray/auth_token, or export RAY_AUTH_TOKEN)
     auth, flags = "RAY_AUTH_MODE=token", "".join(" " + shlex.quote(a) for a in node_args)
     start = f"--num-gpus={run.n_gpus_per_node}{flags}"
+    first = f"{service} && " if service else ""  # every node serves its own workers' searches
     return {
-        "head": f"{ray} get-auth-token --generate >/dev/null && {auth} {setenv} {ray} start --head --port={ray_port} "
-                f"--dashboard-host={dashboard_host} --dashboard-port={dashboard_port} {start}",
-        "worker": f"{auth} {setenv} {ray} start --address={head}:{ray_port} {start}",
+        "head": f"{first}{ray} get-auth-token --generate >/dev/null && {auth} {setenv} {ray} start --head "
+                f"--port={ray_port} --dashboard-host={dashboard_host} --dashboard-port={dashboard_port} {start}",
+        "worker": f"{first}{auth} {setenv} {ray} start --address={head}:{ray_port} {start}",
         "submit": f"{auth} {ray} job submit --address=http://"
                   f"{'127.0.0.1' if dashboard_host == '127.0.0.1' else head}:{dashboard_port} -- {job}",
     }
@@ -479,15 +489,20 @@ def write_launch_script(
     out_dir: str | Path,  # the run folder: launch.sh goes here
     repo_dir: str | Path = ".",  # the checkout the commands run in (they name .venv-gpu relative to it)
     head_address: str | None = None,  # as in launch_commands
+    **command_kwargs,  # further launch_commands arguments (retrieval_index, log_dir, ...)
 ) -> Path:  # the script
     "Write `launch_commands` as one bash script, step by step: what a GPU run executes, kept beside its configuration."
-    cmds = launch_commands(run, head_address=head_address)
+    cmds = launch_commands(run, head_address=head_address, **command_kwargs)
     lines = ["#!/usr/bin/env bash", f"# {run.algorithm}: written by agent_r1_tutorial.verl_launch.write_launch_script",
              "set -euo pipefail", f"cd {shlex.quote(str(Path(repo_dir).resolve()))}"]
     where = {"head": "on the head node", "submit": "on the head node, once the workers have joined",
              "worker": "on every other node, with the head's ~/.ray/auth_token copied to ~/.ray/ (Ray's token auth)"}
+    where["retrieval"] = "the retrieval service of this node, stopped when this script ends"
     for step, cmd in cmds.items():
         lines += ["", f"# {step}" + (f": {where[step]}" if step in where else ""), cmd]
+        if step == "retrieval":  # its pid file sits beside its log
+            pid = cmd.rsplit("--background ", 1)[1] + ".pid"
+            lines.append(f"trap 'kill \"$(cat {pid})\" 2>/dev/null || true' EXIT")
     path = Path(out_dir) / "launch.sh"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")

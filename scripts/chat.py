@@ -7,16 +7,21 @@ turn printed as it happens: the model's reply, the tools' results, the answer.
 
     python scripts/chat.py runs/<run>/checkpoints/global_step_200 --tools calculator --question "What is 17 * 23?"
     python scripts/chat.py merged/ --tools search --index-dir data/index-bge-large-en-v1.5     # a REPL
+    python scripts/chat.py merged/ --tools search --search-url http://127.0.0.1:8765          # a running service
     python scripts/chat.py merged/ --tools search --index-dir ... --backend vllm --url http://localhost:8000/v1
 
 Backends: `hf` loads the checkpoint with transformers (CPU or GPU) and samples token ids exactly, as the trainer's
 rollouts do; `vllm` sends the same prompt ids to an OpenAI-compatible server (`vllm serve <merged checkpoint>`), which
 answers with text that is encoded again (fine for chatting; training keeps sampled ids instead).
+
+The search tool asks a retrieval service (chapter 04a), as training does: --index-dir starts one over that index for the
+session, on 127.0.0.1, and stops it at the end; --search-url uses one that is already running.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import json
 import re
 import sys
@@ -41,6 +46,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--tools", default="search", help="comma-separated tools: search, calculator (default: search)")
     ap.add_argument("--index-dir", default=None, help="the retriever folder the search tool loads "
                     "(build_corpus_index or a saved BM25 index)")
+    ap.add_argument("--search-url", default=None, help="a running retrieval service for the search tool "
+                    "(scripts/retrieval_server.py); default: start one over --index-dir for this session")
     ap.add_argument("--question", default=None, help="answer this one question and exit (no REPL)")
     ap.add_argument("--backend", choices=("hf", "vllm"), default="hf", help="hf: transformers (default); vllm: an "
                     "OpenAI-compatible server at --url")
@@ -83,8 +90,8 @@ def model_folder(path: str) -> Path:
 
 
 def tool_specs(args) -> dict:
-    "The rows' tools_kwargs for the requested tools, checked."
-    import agent_r1_tutorial.search  # noqa: F401  (registers the search tool)
+    "The rows' tools_kwargs for the requested tools, checked (search: its service's url is filled in by `build`)."
+    import agent_r1_tutorial.retrieval_server  # noqa: F401  (registers the search tools)
     from agent_r1_tutorial.tools import list_tools
 
     names = [t.strip() for t in args.tools.split(",") if t.strip()]
@@ -94,14 +101,32 @@ def tool_specs(args) -> dict:
     if unknown:
         raise UsageError(f"unknown tool {unknown[0]!r}; available: {', '.join(list_tools())}")
     kwargs = {t: {"create_kwargs": dict(TOOL_DEFAULTS.get(t, {}))} for t in names}
-    if "search" in names:
-        if not args.index_dir:
-            raise UsageError("the search tool needs --index-dir (a folder written by build_corpus_index)")
-        idx = Path(args.index_dir).expanduser()
-        if not (idx / "config.json").is_file():
-            raise UsageError(f"--index-dir {str(idx)!r} is not a saved retriever (no config.json)")
-        kwargs["search"]["create_kwargs"]["index_dir"] = str(idx.resolve())
+    if "search" in names:  # the model sees `search`; it runs as search_service, over the retrieval service
+        if args.search_url:
+            if not re.match(r"^https?://[^/\s]+/?$", args.search_url):
+                raise UsageError(f"--search-url must look like http://127.0.0.1:8765, got {args.search_url!r}")
+        elif not args.index_dir:
+            raise UsageError("the search tool needs --index-dir (a folder written by build_corpus_index) "
+                             "or --search-url (a running retrieval service)")
+        else:
+            idx = Path(args.index_dir).expanduser()
+            if not (idx / "config.json").is_file():
+                raise UsageError(f"--index-dir {str(idx)!r} is not a saved retriever (no config.json)")
+        kwargs = {("search_service" if t == "search" else t): v for t, v in kwargs.items()}
+        kwargs["search_service"]["create_kwargs"]["url"] = args.search_url
     return kwargs
+
+
+def search_service(args, tools_kwargs: dict):
+    "Start a retrieval service over --index-dir for this session (stopped at exit), unless --search-url names one."
+    if "search_service" not in tools_kwargs or args.search_url:
+        return None
+    from agent_r1_tutorial.retrieval_server import RetrievalServer
+
+    service = RetrievalServer(index_dirs={"default": Path(args.index_dir).expanduser()}, device=args.device or "cpu")
+    atexit.register(service.stop)
+    tools_kwargs["search_service"]["create_kwargs"]["url"] = service.start()
+    return service
 
 
 def prompt_template(args, tools: list[str]) -> str:
@@ -109,7 +134,7 @@ def prompt_template(args, tools: list[str]) -> str:
 
     name = args.template
     if name == "auto":
-        name = "hotpotqa" if "search" in tools else "gsm8k" if tools == ["calculator"] else "plain"
+        name = "hotpotqa" if "search_service" in tools else "gsm8k" if tools == ["calculator"] else "plain"
     t = TEMPLATES[name]
     return getattr(vd, t) if t.isupper() else t
 
@@ -169,6 +194,7 @@ def build(args):
     tools_kwargs = tool_specs(args)
     tools = list(tools_kwargs)
     template = prompt_template(args, tools)
+    search_service(args, tools_kwargs)
 
     import transformers
     from transformers import AutoTokenizer

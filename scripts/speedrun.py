@@ -7,6 +7,7 @@ input before any set-up (this part uses the standard library only), then inside 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -443,6 +444,9 @@ def _index_dir(run_dir, args) -> Path:
     return Path(run_dir) / "index" if args.dry_run else Path(args.data_dir) / "index-bge-large-en-v1.5"
 
 
+RETRIEVAL_PORT = 8765  # every node's retrieval service listens here, on 127.0.0.1 (chapter 04a)
+
+
 def full_data(run_dir, args) -> str:
     "HotpotQA, downloaded once and sampled with the seed into verl parquet rows (a local sample in the dry run)."
     from agent_r1_tutorial import verl_data as vd
@@ -460,7 +464,7 @@ def full_data(run_dir, args) -> str:
         source = "HotpotQA v1.1 (train, dev distractor)"
         n_train, n_val = args.n_train or 25_600, args.n_val or 128
     paths = vd.prepare_hotpotqa(out, train, dev, n_train=n_train, n_val=n_val, seed=args.seed, source=source,
-                                search_index_dir=str(_index_dir(run_dir, args)))
+                                search_url=f"http://127.0.0.1:{RETRIEVAL_PORT}")  # the node's retrieval service
     _say(f"{n_train} training and {n_val} validation rows from {source}: {paths['train'].parent}")
     return "done (sample)" if args.dry_run else "done"
 
@@ -533,6 +537,13 @@ def full_train(run_dir, args) -> str:
 
     run_dir = Path(run_dir)
     run = _run_config(run_dir, args)
+    # each launch keeps its log and metrics (a resumed run loses none). The metrics path travels in Ray's runtime env:
+    # verl's file logger runs in its TaskRunner actor, which does not inherit this process's environment when Ray is
+    # already running or the job is submitted to a cluster
+    n = 1 + len(list(run_dir.glob("train-*.log")))
+    metrics = (run_dir / f"metrics-{n}.jsonl").resolve()
+    run = dataclasses.replace(run, extra_overrides=(
+        *run.extra_overrides, f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={metrics}"))
     cfg = vl.compose_verl_config(vl.verl_overrides(run))
     stand_in = tiny = None
     if args.dry_run:
@@ -555,8 +566,12 @@ def full_train(run_dir, args) -> str:
 
     (run_dir / "verl_config.yaml").write_text(OmegaConf.to_yaml(cfg))
     (run_dir / "validation.json").write_text(json.dumps(check, indent=1))
-    cmds = vl.launch_commands(run, head_address=args.head)
-    vl.write_launch_script(run, run_dir, ROOT, head_address=args.head)
+    # a search task: each node first starts a retrieval service over the index, which the rows' search tool asks
+    service = {} if args.task == "alfworld" else dict(
+        retrieval_index=str(_index_dir(run_dir, args).resolve()), retrieval_port=RETRIEVAL_PORT,
+        log_dir=str(run_dir.resolve()))
+    cmds = vl.launch_commands(run, head_address=args.head, **service)
+    vl.write_launch_script(run, run_dir, ROOT, head_address=args.head, **service)
     _say(f"verl configuration: {run.algorithm} -> algorithm.adv_estimator={check['adv_estimator']}, "
          f"loss_mode={check['policy_loss']}, critic={check['use_critic']}, "
          f"reference={check['use_reference_policy']}, n={run.responses_per_prompt}")
@@ -572,13 +587,15 @@ def full_train(run_dir, args) -> str:
         print(("  # " + step + "\n" if len(cmds) > 1 else "") + "  " + cmd.replace("\n", "\n  "))
     if args.dry_run:
         return "validated; agent loop ran on CPU; not launched (needs GPUs)"
-    if len(cmds) > 1:
+    if "submit" in cmds:
         _say("multi-node: start the head, join each worker node, then submit (launch.sh holds the three steps); "
              "each worker needs the head's ~/.ray/auth_token (Ray's token authentication)")
+        if service:
+            _say("each node's retrieval service keeps running after the run: stop it with "
+                 f"kill $(cat {run_dir}/retrieval-$(hostname).log.pid)")
         return "commands written"
-    n = 1 + len(list(run_dir.glob("train-*.log")))  # each launch keeps its log and metrics: a resumed run loses none
     log = run_dir / f"train-{n}.log"
-    env = {**os.environ, "VERL_FILE_LOGGER_PATH": str((run_dir / f"metrics-{n}.jsonl").resolve())}
+    env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(metrics)}  # the driver's own logger, if any, too
     _say(f"training; the log is {log}")
     with open(log, "w") as f:
         proc = subprocess.run(["bash", str(run_dir / "launch.sh")], stdout=f, stderr=subprocess.STDOUT, env=env)
@@ -617,8 +634,26 @@ def _dry_run_agent_loop(run_dir, cfg, tokenizer, model):
     row = vd.read_rows(Path(run_dir) / "data" / "train.parquet")[0]
     scripted = (("scripted player", _scripted_player(row)) if row["data_source"] == "alfworld"
                 else ("scripted searcher", _scripted_searcher(row)))
-    results = {"tiny model": vl.agent_loop_dry_run(cfg, row, tokenizer, model, response_length=128),
-               scripted[0]: vl.agent_loop_dry_run(cfg, row, tokenizer, policy=scripted[1], response_length=1024)}
+    service = None
+    create = ((row["extra_info"].get("tools_kwargs") or {}).get("search_service") or {}).get("create_kwargs")
+    if create:  # the search tool asks a retrieval service, as on the GPU box: one over the dry run's index
+        from agent_r1_tutorial.retrieval_server import RetrievalServer
+
+        service = RetrievalServer(index_dirs={"default": Path(run_dir) / "index"},
+                                  log_file=Path(run_dir) / "retrieval.log")
+        create["url"] = service.start()  # a free port here: the GPU run's is fixed, and may be taken on this machine
+        _say(f"retrieval service over the dry run's index at {create['url']} (the GPU run's: each node's, port "
+             f"{RETRIEVAL_PORT})")
+    try:
+        results = {"tiny model": vl.agent_loop_dry_run(cfg, row, tokenizer, model, response_length=128),
+                   scripted[0]: vl.agent_loop_dry_run(cfg, row, tokenizer, policy=scripted[1], response_length=1024)}
+        if service is not None:
+            from agent_r1_tutorial.retrieval_server import RemoteRetriever
+
+            _say(f"the retrieval service answered {RemoteRetriever(service.url).health()['queries']} search(es)")
+    finally:
+        if service is not None:
+            service.stop()
     (Path(run_dir) / "agent_loop.json").write_text(json.dumps(results, indent=1))
     for who, r in results.items():
         score = "scored by verl's reward loop" if r["reward_score"] is None else f"reward {r['reward_score']:g}"

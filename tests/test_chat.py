@@ -170,6 +170,8 @@ def test_vllm_backend_searches_the_index_live(ckpt, fake_vllm, index):
     (["{tmp}", "--question", "q"], 2, "holds no model"),
     (["{ckpt}", "--tools", "abacus", "--question", "q"], 2, "unknown tool 'abacus'; available: "),
     (["{ckpt}", "--tools", "search", "--question", "q"], 2, "the search tool needs --index-dir"),
+    (["{ckpt}", "--tools", "search", "--search-url", "127.0.0.1:8765", "--question", "q"], 2,
+     "--search-url must look like http://127.0.0.1:8765"),
     (["{ckpt}", "--tools", "search", "--index-dir", "{tmp}", "--question", "q"], 2, "is not a saved retriever"),
     (["{ckpt}", "--tools", "calculator", "--backend", "vllm", "--question", "q"], 2, "--backend vllm needs --url"),
     (["{ckpt}", "--tools", "calculator", "--backend", "vllm", "--url", "localhost:8000", "--question", "q"], 2,

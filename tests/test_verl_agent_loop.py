@@ -207,6 +207,31 @@ def test_a_server_that_overshoots_max_tokens_is_cut_to_the_budget(tok):
     assert len(out["response_ids"]) == len(out["response_logprobs"]) == 30
 
 
+def test_an_aborted_turn_ends_the_episode_and_keeps_the_turns_before_it(tok):
+    "verl aborts requests when it drains its servers: the episode ends there (reason 'aborted'), nothing raises."
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1 + 1"}}\n</tool_call>'
+
+    class AbortsSecond:
+        calls = 0
+
+        async def generate(self, request_id, *, prompt_ids, sampling_params, **kw):
+            self.calls += 1
+            if self.calls == 1:
+                ids = tok(call, add_special_tokens=False).input_ids + [tok.eos_token_id]
+                return vb.TokenIds(token_ids=ids, log_probs=[-0.5] * len(ids))
+            return vb.TokenIds(token_ids=[], log_probs=[], stop_reason="aborted")
+    traj = asyncio.run(vb.run_agent_episode(AbortsSecond(), tok, *vb.env_from_row(calc_row(), tok), None, 512))
+    assert (traj.num_steps, traj.truncated, traj.reason) == (1, True, "aborted")
+    (out,) = vb.episode_outputs(traj, tok, "sequence", calc_row())
+    assert sum(out["response_mask"]) == len(traj.steps[0].action_ids) and out["extra_fields"]["end_reason"] == "aborted"
+
+    class AbortsFirst:
+        async def generate(self, request_id, *, prompt_ids, sampling_params, **kw):
+            return vb.TokenIds(token_ids=[], log_probs=[], stop_reason="aborted")
+    with pytest.raises(RuntimeError, match="the server aborted the first turn"):
+        asyncio.run(vb.run_agent_episode(AbortsFirst(), tok, *vb.env_from_row(calc_row(), tok), None, 512))
+
+
 def test_a_turn_cut_by_the_budget_before_any_call_truncates(tok):
     "Rambling past the response budget is a budget cut (truncated, max_new_tokens), not a choice to stop."
     ramble = lambda ctx: "Let me think about the pencils step by step. " * 40

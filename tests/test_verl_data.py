@@ -46,6 +46,14 @@ def test_row_schema():
     assert ex["tools_kwargs"] == {"search": {"create_kwargs": {"k": 3, "max_chars": 1000, "index_dir": "/idx"}}}
     assert ex["env_kwargs"] == {"env": "tool", "tools": ["search"], "tool_format": "hermes", "max_turns": 5}
     assert ex["fmt"] == "hermes" and ex["metric"] == "em" and ex["need_tools_kwargs"] is True
+    # through a retrieval service (chapter 04a): the row names the service's tool, the model still sees `search`
+    (served,) = vd.hotpotqa_rows(vd.hotpotqa_toy_sample(3), "train", 1, 0, search_url="http://127.0.0.1:8765")
+    ex = served["extra_info"]
+    assert ex["tools_kwargs"] == {"search_service": {"create_kwargs": {"k": 3, "max_chars": 1000,
+                                                                       "url": "http://127.0.0.1:8765"}}}
+    assert ex["env_kwargs"]["tools"] == ["search_service"]
+    with pytest.raises(ValueError, match="give search_url .* or search_index_dir .*, not both"):
+        vd.hotpotqa_rows(vd.hotpotqa_toy_sample(3), "train", 1, 0, search_url="http://x:1", search_index_dir="/idx")
     (g,) = vd.gsm8k_rows(vd.gsm8k_toy_sample(3), "test", 1, 0)
     assert g["data_source"] == "openai/gsm8k" and g["extra_info"]["env_kwargs"]["tools"] == ["calculator"]
     assert g["reward_model"]["ground_truth"].lstrip("-").isdigit()

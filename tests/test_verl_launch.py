@@ -4,6 +4,7 @@ the launch commands, the preflight checks, the GPU pins and the full-scale dry r
 Tests that need verl are skipped without it; the rest need only the library and the scripts.
 """
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -139,6 +140,13 @@ def test_launch_commands():
     assert "--address=10.1.2.3:6379" in many["worker"]
     assert "ray job submit --address=http://10.1.2.3:8265" in many["submit"] and "trainer.nnodes=2" in many["submit"]
     assert vb.MODULE_NAME in many["submit"].split(" -- ", 1)[1]  # the job's entrypoint carries the registration
+    # a search run: every node starts its retrieval service before it joins, and a single node before it trains
+    served = vl.launch_commands(vl.VerlRunConfig("grpo", nnodes=2), head_address="10.1.2.3", retrieval_index="/d/idx")
+    for step in ("head", "worker"):
+        assert served[step].startswith(".venv-gpu/bin/python scripts/retrieval_server.py --index-dir default=/d/idx")
+        assert "--port 8765 --background ./retrieval-\"$(hostname)\".log && " in served[step]
+    assert "retrieval_server" not in served["submit"]
+    assert list(vl.launch_commands(vl.VerlRunConfig("grpo"), retrieval_index="/d/idx")) == ["retrieval", "train"]
 
 
 # ---------------------------------------------------------------- preflight
@@ -332,9 +340,17 @@ def test_dry_run_in_process(algo, tmp_path, capsys):
     cfg = OmegaConf.load(run_dir / "verl_config.yaml")
     assert cfg.algorithm.adv_estimator == check["adv_estimator"] and cfg.data.seed == 3
     assert cfg.data.train_files == str(run_dir / "data" / "train.parquet")
-    assert (run_dir / "launch.sh").read_text().count("verl.trainer.main_ppo") == 1
+    launch = (run_dir / "launch.sh").read_text()
+    assert launch.count("verl.trainer.main_ppo") == 1
+    # the node's retrieval service over the index starts first, and stops when the script ends
+    assert f"scripts/retrieval_server.py --index-dir default={(run_dir / 'index').resolve()} --device cuda" in launch
+    assert launch.index("retrieval_server.py") < launch.index("main_ppo") and "trap 'kill" in launch
+    # the metrics path reaches verl's TaskRunner through Ray's runtime env, not through inheritance
+    assert f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={(run_dir / 'metrics-1.jsonl').resolve()}" in launch
     rows = vd.read_rows(run_dir / "data" / "train.parquet")
-    assert rows[0]["extra_info"]["tools_kwargs"]["search"]["create_kwargs"]["index_dir"] == str(run_dir / "index")
+    assert rows[0]["extra_info"]["tools_kwargs"]["search_service"]["create_kwargs"]["url"] == "http://127.0.0.1:8765"
+    assert "retrieval service over the dry run's index at http://127.0.0.1:" in out
+    assert re.search(r"the retrieval service answered [1-9]\d* search", out)  # the scripted searcher's, at least
     assert (run_dir / "index" / "config.json").exists()
     report = (run_dir / "report.md").read_text()
     assert "validated; agent loop ran on CPU; not launched (needs GPUs)" in report and "**Dry run.**" in report
