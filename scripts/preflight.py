@@ -33,6 +33,17 @@ DISK_NEEDS_GIB = {"GPU environment (.venv-gpu)": 15, "HotpotQA and the BEIR corp
                   "embeddings and the flat index (bge-large, 5.2M passages)": 45, "model weights": 4,
                   "checkpoints (actor + critic, optimizer state, 2 kept) and merged weights": 70}
 DEFAULT_MIN_DISK_GIB = 150
+# What the host needs beyond the GPUs, per task (estimates, GiB of RAM): the retrieval service's flat index (21 GB) and
+# its 5.2M passages; ALFWorld's game processes, one per episode in flight; Ray, the data loader and the trainer's
+# CPU-side state in every case
+HOST_RAM_GIB = {"search": 96, "gsm8k": 48, "alfworld": 96}
+SHM_MIN_GIB = 8  # Ray's object store and NCCL live in /dev/shm; a container's default (64 MB) stops both
+BUILD_TOOLS = {"search": ["gcc"], "gsm8k": ["gcc"], "alfworld": ["gcc", "g++", "make", "cmake"]}  # Triton; jericho
+
+
+def checkpoint_gib(params_b: float, critic: bool, keep: int = 2) -> float:
+    "Disk for the kept checkpoints: fp32 weights and Adam's two moments (12 bytes a parameter) and bf16 HF weights (2)."
+    return keep * params_b * 14 * (2 if critic else 1)
 
 
 class PreflightError(RuntimeError):
@@ -163,17 +174,63 @@ def check_driver(gpus: list[Gpu], cuda_version: str | None, report: Report) -> s
     return pins
 
 
-def check_disk(path: str | Path, need_gib: float, report: Report) -> None:
+def check_disk(path: str | Path, need_gib: float, report: Report, key: str = "disk",
+               what: str = "data, index, checkpoints") -> None:
     p = Path(path).expanduser()
     probe = p
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent  # the folder may not exist yet: measure the file system it will be on
     free = shutil.disk_usage(probe).free / 2**30
-    report.info["disk"] = {"path": str(p), "free_gib": round(free, 1), "need_gib": need_gib}
+    report.info[key] = {"path": str(p), "free_gib": round(free, 1), "need_gib": round(need_gib, 1)}
     if free < need_gib:
-        report.fail(f"{free:.0f} GiB free at {p}, the run needs about {need_gib:.0f} GiB (data, index, checkpoints): "
+        report.fail(f"{free:.0f} GiB free at {p}, the run needs about {need_gib:.0f} GiB there ({what}): "
                     "free space, or put them on a bigger disk (speedrun.sh --data-dir and --out; preflight.py "
                     "--disk-path)")
+
+
+def _meminfo_gib(field_name: str, text: str | None = None) -> float:
+    text = text if text is not None else Path("/proc/meminfo").read_text()
+    for line in text.splitlines():
+        if line.startswith(field_name + ":"):
+            return int(line.split()[1]) / 2**20
+    raise PreflightError(f"/proc/meminfo has no {field_name}")
+
+
+def python_include(exe: str) -> Path:
+    "Where `exe`'s C headers (Python.h) belong."
+    out = subprocess.run([exe, "-c", "import sysconfig; print(sysconfig.get_paths()['include'])"],
+                         capture_output=True, text=True, timeout=30)
+    return Path(out.stdout.strip())
+
+
+def check_host(report: Report, task: str, critic: bool, out_path: str | Path, params_b: float, python_exe: str,
+               probe: dict | None = None) -> None:
+    """What a GPU run needs of the host besides GPUs, sized for the task and algorithm: RAM, /dev/shm, compilers and
+    Python's headers, disk for the checkpoints under --out. `probe` replaces what is measured (tests)."""
+    probe = probe or {}
+    ram = probe["ram_gib"] if "ram_gib" in probe else _meminfo_gib("MemTotal")
+    need = HOST_RAM_GIB[task]
+    report.info["ram"] = {"total_gib": round(ram, 1), "need_gib": need}
+    if ram < need:
+        report.fail(f"this machine has {ram:.0f} GiB of RAM; a {task} run needs about {need} GiB (see HOST_RAM_GIB "
+                    "in scripts/preflight.py for what it holds): use a bigger host, or fewer rollout workers")
+    shm = probe["shm_gib"] if "shm_gib" in probe else shutil.disk_usage("/dev/shm").total / 2**30
+    report.info["shm_gib"] = round(shm, 2)
+    if shm < SHM_MIN_GIB:
+        report.fail(f"/dev/shm holds {shm:.2f} GiB; Ray's object store and NCCL need at least {SHM_MIN_GIB} GiB "
+                    "(in a container: docker run --shm-size=16g)")
+    which = probe.get("which", shutil.which)
+    missing = [t for t in BUILD_TOOLS[task] if which(t) is None]
+    if missing:
+        why = "Triton compiles its helpers with gcc" + (", and ALFWorld builds jericho and fast-downward from source"
+                                                         if task == "alfworld" else "")
+        report.fail(f"missing build tools: {', '.join(missing)} ({why}): apt-get install build-essential cmake")
+    include = Path(probe["include"]) if "include" in probe else python_include(python_exe)
+    if not (include / "Python.h").exists():
+        report.fail(f"no Python.h in {include} ({python_exe}'s headers; Triton compiles against them): install "
+                    "the interpreter's dev package, e.g. apt-get install python3.12-dev")
+    check_disk(out_path, checkpoint_gib(params_b, critic), report, key="out_disk",
+               what=f"{'actor and critic ' if critic else ''}checkpoints, 2 kept, of a {params_b:g}B model")
 
 
 def check_python(version: tuple[int, ...], report: Report, exe: str = "python3") -> None:
@@ -202,8 +259,9 @@ def python_version(exe: str) -> tuple[int, ...]:
 def run_checks(n_gpus: int = 4, min_gpu_mem_gib: float = 40, disk_path: str | Path = ".",
                min_disk_gib: float = DEFAULT_MIN_DISK_GIB, python_exe: str | None = None,
                nvidia_smi: str = "nvidia-smi", allow_no_gpu: bool = False,
-               smi: tuple[list[Gpu], str | None] | None = None) -> Report:
-    "All checks; `smi` injects (gpus, cuda_version) instead of running nvidia-smi (tests), `allow_no_gpu` is the dry run."
+               smi: tuple[list[Gpu], str | None] | None = None, host: dict | None = None) -> Report:
+    """All checks; `smi` injects (gpus, cuda_version) instead of running nvidia-smi (tests), `allow_no_gpu` is the dry
+    run, `host` the keyword arguments of check_host (task, critic, out_path, params_b, probe) to check the host too."""
     report = Report()
     try:
         gpus, cuda = smi if smi is not None else query_nvidia_smi(nvidia_smi)
@@ -223,6 +281,11 @@ def run_checks(n_gpus: int = 4, min_gpu_mem_gib: float = 40, disk_path: str | Pa
         check_python(python_version(exe), report, exe)
     except PreflightError as e:
         report.fail(str(e))
+    if host is not None:
+        try:
+            check_host(report, python_exe=exe, **host)
+        except (PreflightError, OSError, subprocess.TimeoutExpired) as e:
+            report.fail(f"host check: {e}")
     return report
 
 
@@ -240,6 +303,12 @@ def format_report(report: Report) -> str:
         lines.append(f"disk: {i['disk']['free_gib']} GiB free at {i['disk']['path']} (need ~{i['disk']['need_gib']:.0f})")
     if "python" in i:
         lines.append(f"python: {i['python']}")
+    if "ram" in i:
+        lines.append(f"host: {i['ram']['total_gib']} GiB RAM (need ~{i['ram']['need_gib']}), /dev/shm "
+                     f"{i['shm_gib']} GiB (need {SHM_MIN_GIB})")
+    if "out_disk" in i:
+        d = i["out_disk"]
+        lines.append(f"checkpoints: {d['free_gib']} GiB free at {d['path']} (need ~{d['need_gib']:.0f})")
     lines += [f"warning: {w}" for w in report.warnings]
     lines += [f"error: {e}" for e in report.errors]
     lines.append("preflight: ok" if report.ok else f"preflight: {len(report.errors)} problem(s)")

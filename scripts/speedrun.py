@@ -396,14 +396,26 @@ def _say(msg: str):
         print(f"             {line}")
 
 
+def gpu_venv() -> str:
+    "The GPU environment, as speedrun.sh and setup_gpu.sh find it: $AR1_GPU_VENV, else .venv-gpu in the checkout."
+    return os.environ.get("AR1_GPU_VENV") or ".venv-gpu"  # relative: launch.sh starts with cd into the checkout
+
+
 def full_preflight(run_dir, args, gate: bool = False) -> str:
     "GPUs, driver, disk and Python; on a GPU run a failure stops everything, in the dry run it is reported."
     import preflight
 
-    # the gate runs before .venv-gpu exists: check the interpreter it will be built from
-    python_exe = (os.environ.get("PYTHON") or "python3") if gate else sys.executable
+    # the gate runs before speedrun.sh enters the GPU environment: check the one that exists (a resumed run), else the
+    # interpreter it will be built from
+    existing = ROOT / gpu_venv() / "bin" / "python"  # an absolute AR1_GPU_VENV replaces ROOT
+    python_exe = (str(existing) if existing.exists() else os.environ.get("PYTHON") or "python3") if gate \
+        else sys.executable
+    # sized for the task and algorithm: the model's size and whether a critic is checkpointed too
+    big = args.task == "alfworld" or "4B" in (getattr(args, "model", None) or "")
+    host = {"task": args.task, "critic": args.algorithm in ("ppo", "steppo"), "out_path": args.out,
+            "params_b": 4.0 if big else 1.5}
     report = preflight.run_checks(n_gpus=args.gpus or 4, disk_path=args.data_dir, allow_no_gpu=args.dry_run,
-                                  python_exe=python_exe)
+                                  python_exe=python_exe, host=host)
     _say(preflight.format_report(report))
     if run_dir is not None:
         from dataclasses import asdict
@@ -570,8 +582,9 @@ def full_train(run_dir, args) -> str:
     service = {} if args.task == "alfworld" else dict(
         retrieval_index=str(_index_dir(run_dir, args).resolve()), retrieval_port=RETRIEVAL_PORT,
         log_dir=str(run_dir.resolve()))
-    cmds = vl.launch_commands(run, head_address=args.head, **service)
-    vl.write_launch_script(run, run_dir, ROOT, head_address=args.head, **service)
+    venv = gpu_venv()  # the launch runs in the environment speedrun.sh built (AR1_GPU_VENV moves it)
+    cmds = vl.launch_commands(run, head_address=args.head, venv=venv, **service)
+    vl.write_launch_script(run, run_dir, ROOT, head_address=args.head, venv=venv, **service)
     _say(f"verl configuration: {run.algorithm} -> algorithm.adv_estimator={check['adv_estimator']}, "
          f"loss_mode={check['policy_loss']}, critic={check['use_critic']}, "
          f"reference={check['use_reference_policy']}, n={run.responses_per_prompt}")

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -230,6 +231,36 @@ def fake_smi(tmp_path):
     return {"PATH": f"{bin_}:{os.environ['PATH']}"}
 
 
+def test_preflight_host_checks_are_sized_for_task_and_algorithm(tmp_path, monkeypatch):
+    "RAM, /dev/shm, compilers and Python.h, and disk for the checkpoints under --out, from faked measurements."
+    monkeypatch.setattr(preflight.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10, 10, 500 * 2**30))
+    (tmp_path / "Python.h").write_text("")
+    fine = {"ram_gib": 256, "shm_gib": 32, "which": lambda t: f"/usr/bin/{t}", "include": tmp_path}
+    needs = {}
+    for task, critic, params in (("search", False, 1.5), ("search", True, 1.5), ("alfworld", True, 4.0)):
+        r = preflight.Report()
+        preflight.check_host(r, task, critic, tmp_path / "runs", params, sys.executable, fine)
+        assert r.ok, r.errors
+        needs[task, critic] = r.info["out_disk"]["need_gib"]
+    assert needs == {("search", False): 42, ("search", True): 84, ("alfworld", True): 224}  # PPO's critic doubles it
+    poor = {"ram_gib": 31.4, "shm_gib": 0.0625, "which": lambda t: None if t in ("gcc", "cmake") else f"/usr/bin/{t}",
+            "include": tmp_path / "nowhere"}
+    monkeypatch.setattr(preflight.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10, 10, 100 * 2**30))
+    r = preflight.Report()
+    preflight.check_host(r, "alfworld", True, tmp_path / "runs", 4.0, "/usr/bin/python3.12", poor)
+    text = "\n".join(r.errors)
+    assert "this machine has 31 GiB of RAM; a alfworld run needs about 96 GiB" in text
+    assert "/dev/shm holds 0.06 GiB" in text and "--shm-size" in text
+    assert "missing build tools: gcc, cmake" in text and "jericho" in text
+    assert f"no Python.h in {tmp_path / 'nowhere'}" in text and "python3.12-dev" in text
+    assert "100 GiB free at" in text and "about 224 GiB there (actor and critic checkpoints" in text
+    assert len(r.errors) == 5
+    r = preflight.Report()  # the search task needs no cmake
+    preflight.check_host(r, "search", False, tmp_path, 1.5, sys.executable, {**fine, "which": poor["which"]})
+    assert r.errors == ["missing build tools: gcc (Triton compiles its helpers with gcc): apt-get install "
+                        "build-essential cmake"]
+
+
 def test_preflight_command_line(fake_smi, tmp_path):
     code, out, err = _run([sys.executable, "scripts/preflight.py", "--pin-set"], env=fake_smi)
     assert code == 0 and out.strip() == "cu13"
@@ -360,6 +391,27 @@ def test_dry_run_in_process(algo, tmp_path, capsys):
     assert all(e["ids_and_masks_ok"] and e["layout"] == r.layout for e in episodes.values())
     assert episodes["scripted searcher"]["tool_calls"] == 1 and "## Agent loop (dry run)" in report
     assert f"agent loop: ar1_agent -> agent_r1_tutorial.verl_bridge.Ar1AgentLoop (layout: {r.layout})" in out
+
+
+@needs_verl
+def test_launch_runs_in_the_gpu_environment_speedrun_sh_built(tmp_path, monkeypatch, capsys):
+    "AR1_GPU_VENV moves the GPU environment (setup_gpu.sh builds it there): launch.sh names that interpreter."
+    import speedrun
+
+    venv = tmp_path / "elsewhere" / "gpu-env"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    monkeypatch.setenv("AR1_GPU_VENV", str(venv))
+    assert speedrun.main(["grpo", "--dry-run", "--out", str(tmp_path / "runs")]) == 0
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    launch = (run_dir / "launch.sh").read_text()
+    assert f"{venv}/bin/python -m verl.trainer.main_ppo" in launch
+    assert f"{venv}/bin/python scripts/retrieval_server.py" in launch and ".venv-gpu" not in launch
+    # the gate's preflight checks the environment that exists, not the interpreter it would be built from
+    seen, real = {}, preflight.run_checks
+    monkeypatch.setattr(preflight, "run_checks", lambda **kw: seen.update(kw) or real(**kw))
+    speedrun.full_preflight(None, types.SimpleNamespace(gpus=None, data_dir=str(tmp_path), dry_run=True), gate=True)
+    assert seen["python_exe"] == str(venv / "bin" / "python")
 
 
 @needs_verl
