@@ -1320,6 +1320,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                        'agent_r1_tutorial/verl_cpu.py')},
             'agent_r1_tutorial.verl_data': { 'agent_r1_tutorial.verl_data._prepare': ( 'verl_data.html#_prepare',
                                                                                        'agent_r1_tutorial/verl_data.py'),
+                                             'agent_r1_tutorial.verl_data._release_encoder': ( 'verl_data.html#_release_encoder',
+                                                                                               'agent_r1_tutorial/verl_data.py'),
                                              'agent_r1_tutorial.verl_data._row': ('verl_data.html#_row', 'agent_r1_tutorial/verl_data.py'),
                                              'agent_r1_tutorial.verl_data.alfworld_rows': ( 'verl_data.html#alfworld_rows',
                                                                                             'agent_r1_tutorial/verl_data.py'),

@@ -149,7 +149,7 @@ def service_app(service: RetrievalService):
 
 # %% ../nbs/04a_retrieval_service.ipynb #cf0a4a5d
 def load_collections(
-    passages: str | Path | None = None,  # JSON Lines of {"collection", "id", "title", "text"}: one retriever per collection
+    passages: str | Path | None = None,  # JSON Lines of {"collection", "id", "title", "text"}: a retriever each
     index_dirs: dict | None = None,  # name -> a saved retriever's folder (DenseRetriever.save, BM25Retriever.save)
     retriever: str = "dense",  # for `passages`: "dense" (one shared encoder, FAISS per collection) or "bm25"
     encoder: str = "all-MiniLM-L6-v2",  # for dense `passages`

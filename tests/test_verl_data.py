@@ -4,6 +4,8 @@ and an index build that resumes after an interruption.
 The test that reads our parquet with verl's own dataset class is skipped without verl; the rest need only the library.
 """
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -189,3 +191,17 @@ def test_beir_corpus_reads_zip_gz_and_jsonl(tmp_path):
         z.writestr("hotpotqa/corpus.jsonl", "\n".join(lines) + "\n")
     for p in ("c.jsonl", "c.jsonl.gz", "hotpotqa.zip"):
         assert [d["id"] for d in vd.beir_corpus(tmp_path / p)] == ["d0", "d2"]  # the empty passage is skipped
+
+
+def test_index_build_gives_its_encoder_back(tmp_path):
+    "After build_corpus_index nothing holds the encoder: on a GPU box its memory is free before training starts."
+    code = f"""
+import gc, weakref
+from agent_r1_tutorial import search, verl_data as vd
+ref = weakref.ref(search._load_model("all-MiniLM-L6-v2", "cpu"))  # what the build's encoder will be (cached)
+vd.build_corpus_index(vd.hotpotqa_passages(vd.hotpotqa_toy_sample(4)), {str(tmp_path / 'idx')!r}, progress=False)
+gc.collect()
+print("released" if ref() is None else "held")
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.stdout.strip().endswith("released"), res.stdout + res.stderr
