@@ -647,7 +647,7 @@ def verl_rl_stage(
         overrides = cpu_overrides(run)
         say = print if verbose else (lambda *a, **k: None)
         say(f"verl on the CPU: the {cfg.algorithm} configuration a GPU run uses (verl_overrides), then "
-              f"{len(overrides)} overrides for this machine:")
+            f"{len(overrides)} overrides for this machine:")
         for o, why in overrides:
             say(f"  {o}\n      {why}")
         done = latest_verl_checkpoint(out / "checkpoints")
