@@ -113,7 +113,25 @@ def parser() -> argparse.ArgumentParser:
                       help="downloads, prepared data and the index, shared by runs (default data/)")
     full.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                       help="any verl Hydra override, applied last (repeatable)")
+    full.add_argument("--smoke", action="store_true",
+                      help="what to run first on a new GPU box: one GPU, Qwen2.5-0.5B-Instruct, 64 questions, "
+                      f"{SMOKE_STEPS} steps, an index over the sample's own passages (no corpus build); ends with PASS "
+                      "or FAIL, the step time and the GPU memory (an estimated ten minutes)")
     return ap
+
+
+SMOKE_STEPS = 3
+# --smoke's sizes, where the command line does not set them: small enough for one GPU and minutes, big enough to run
+# every part of the real pipeline (vLLM rollouts with searches, FSDP updates, a validation, a checkpoint)
+SMOKE = {"gpus": 1, "model": "Qwen/Qwen2.5-0.5B-Instruct", "n_train": 64, "n_val": 16, "batch_size": 8,
+         "mini_batch_size": 8, "micro_batch_size": 4}
+
+
+def apply_smoke(args):
+    "Fill in --smoke's sizes for what the command line left unset."
+    for k, v in SMOKE.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
 
 
 def nvidia_gpus() -> list[str]:
@@ -163,6 +181,12 @@ def resolve(args, ap) -> str:
                  f"on a CPU the tasks are {', '.join(TINY_TASKS)}")
     if scale == "full" and args.engine == "verl":
         ap.error("--engine verl is the tiny scale's option (verl on this CPU); the full scale always runs verl")
+    if args.smoke:
+        if scale != "full":
+            ap.error("--smoke checks a GPU box (the full scale); add --dry-run to check it without GPUs")
+        if args.task != "search" or (args.nnodes or 1) > 1:
+            ap.error("--smoke runs the search task on one node")
+        apply_smoke(args)
     if scale == "full" and not gpus and not args.dry_run:
         ap.error("--scale full needs NVIDIA GPUs and nvidia-smi found none; use --dry-run to check the full "
                  "pipeline without GPUs, or --scale tiny for the CPU speedrun")
@@ -172,6 +196,10 @@ def resolve(args, ap) -> str:
 def _task_tag(args) -> str:
     "The full run folder's task part: none for HotpotQA (the folders it always had), 'alfworld-' for ALFWorld."
     return "" if args.task == "search" else f"{args.task}-"
+
+
+def _smoke_tag(args) -> str:
+    return "-smoke" if getattr(args, "smoke", False) else ""
 
 
 def run(args, scale: str) -> int:
@@ -194,10 +222,10 @@ def run(args, scale: str) -> int:
             print(f"data and SFT stages from {src} (the same data and SFT settings): only RL and the evaluation run")
         run_dir.mkdir(parents=True, exist_ok=True)
     elif args.dry_run:  # a dry run keeps every attempt
-        run_dir = Path(args.out) / f"{stamp}-{scale}-{_task_tag(args)}{args.algorithm}-s{args.seed}-dry"
+        run_dir = Path(args.out) / f"{stamp}-{scale}-{_task_tag(args)}{args.algorithm}-s{args.seed}{_smoke_tag(args)}-dry"
         run_dir.mkdir(parents=True, exist_ok=False)
     else:  # one folder per algorithm and seed: started again, verl resumes from its last checkpoint there
-        run_dir = Path(args.out) / f"{scale}-{_task_tag(args)}{args.algorithm}-s{args.seed}"
+        run_dir = Path(args.out) / f"{scale}-{_task_tag(args)}{args.algorithm}-s{args.seed}{_smoke_tag(args)}"
         if (run_dir / "checkpoints" / "latest_checkpointed_iteration.txt").exists():
             print(f"resuming the run in {run_dir} from its last checkpoint")
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -412,9 +440,11 @@ def full_preflight(run_dir, args, gate: bool = False) -> str:
         else sys.executable
     # sized for the task and algorithm: the model's size and whether a critic is checkpointed too
     big = args.task == "alfworld" or "4B" in (getattr(args, "model", None) or "")
+    smoke = getattr(args, "smoke", False)
     host = {"task": args.task, "critic": args.algorithm in ("ppo", "steppo"), "out_path": args.out,
-            "params_b": 4.0 if big else 1.5}
+            "params_b": 0.5 if smoke else 4.0 if big else 1.5, "ram_need_gib": 16 if smoke else None}
     report = preflight.run_checks(n_gpus=args.gpus or 4, disk_path=args.data_dir, allow_no_gpu=args.dry_run,
+                                  min_disk_gib=10 if smoke else preflight.DEFAULT_MIN_DISK_GIB,
                                   python_exe=python_exe, host=host)
     _say(preflight.format_report(report))
     if run_dir is not None:
@@ -453,7 +483,8 @@ def full_env(run_dir, args) -> str:
 
 
 def _index_dir(run_dir, args) -> Path:
-    return Path(run_dir) / "index" if args.dry_run else Path(args.data_dir) / "index-bge-large-en-v1.5"
+    small = args.dry_run or getattr(args, "smoke", False)  # an index of the sample's own passages, in the run folder
+    return Path(run_dir) / "index" if small else Path(args.data_dir) / "index-bge-large-en-v1.5"
 
 
 RETRIEVAL_PORT = 8765  # every node's retrieval service listens here, on 127.0.0.1 (chapter 04a)
@@ -511,6 +542,15 @@ def full_index(run_dir, args) -> str:
         return "not needed"
 
     out = _index_dir(run_dir, args)
+    if args.smoke and not args.dry_run:  # the sample's own passages (HotpotQA ships each question's paragraphs)
+        rows = [r for split in ("train", "validation") for r in vd.read_rows(Path(run_dir) / "data" / f"{split}.parquet")]
+        raw = vd.download_hotpotqa(Path(args.data_dir) / "raw")
+        ids = {r["extra_info"]["source_id"] for r in rows}
+        records = [r for f in (raw["train"], raw["dev"]) for r in vd.load_hotpotqa(f) if str(r.get("_id")) in ids]
+        passages = vd.hotpotqa_passages(records)
+        vd.build_corpus_index(passages, out, encoder="all-MiniLM-L6-v2", device="cuda", progress=False)
+        _say(f"{len(passages)} passages of the {len(records)} sampled questions, all-MiniLM-L6-v2: {out}")
+        return "done (smoke)"
     if args.dry_run:
         passages = vd.hotpotqa_passages(vd.hotpotqa_toy_sample(64, seed=0) + vd.hotpotqa_toy_sample(16, seed=1))
         vd.build_corpus_index(passages, out, encoder="all-MiniLM-L6-v2", device="cpu", progress=False)
@@ -532,6 +572,8 @@ def _run_config(run_dir, args):
                  rollout_data_dir=str(Path(run_dir) / "rollouts"),
                  val_files=str(data / "validation.parquet"), checkpoint_dir=str(Path(run_dir) / "checkpoints"),
                  seed=args.seed, experiment_name=Path(run_dir).name, extra_overrides=tuple(args.override))
+    if args.smoke:  # one GPU: no tensor parallelism; a validation and a checkpoint at the last step
+        knobs.update(rollout_tp=1, total_training_steps=SMOKE_STEPS, save_freq=SMOKE_STEPS, test_freq=SMOKE_STEPS)
     for opt, key in (("gpus", "n_gpus_per_node"), ("nnodes", "nnodes"), ("model", "model_path"),
                      ("batch_size", "train_batch_size"), ("mini_batch_size", "ppo_mini_batch_size"),
                      ("micro_batch_size", "micro_batch_size_per_gpu")):
@@ -687,6 +729,9 @@ def full_eval(run_dir, args) -> str:
         return "needs GPUs"
     from agent_r1_tutorial.verl_launch import latest_verl_checkpoint, read_verl_metrics
 
+    if args.smoke:
+        return smoke_verdict(read_verl_metrics(run_dir), latest_verl_checkpoint(Path(run_dir) / "checkpoints"),
+                             args.algorithm)
     val = [(m["step"], k, v) for m in read_verl_metrics(run_dir) for k, v in m.items() if k.startswith("val-core/")]
     if not val:
         raise SystemExit(f"error: verl logged no validation in {run_dir} (metrics-*.jsonl); see its train-*.log")
@@ -702,6 +747,20 @@ def full_eval(run_dir, args) -> str:
     # its win), else "reward" (a registered scorer that reports only a score)
     core = [v for name in ("acc", "reward") for s, k, v in val if s == last and k.endswith(f"/{name}/mean@1")]
     return f"{measure} {core[0]:.3f} at step {last}" if core else f"validated at step {last}"
+
+
+def smoke_verdict(metrics: list[dict], checkpoint, algorithm: str = "grpo") -> str:
+    "PASS when every step trained and was checkpointed, with the step time and peak GPU memory; else FAIL and why."
+    steps = [m for m in metrics if m["step"] >= 1 and "timing_s/step" in m]
+    mem = max((m.get("actor/perf/max_memory_allocated_gb", 0.0) for m in steps), default=0.0)
+    if len(steps) < SMOKE_STEPS or checkpoint is None:
+        why = (f"{len(steps)} of {SMOKE_STEPS} steps logged" if len(steps) < SMOKE_STEPS else "no checkpoint saved")
+        _say(f"smoke: FAIL ({why}); see train-*.log in the run folder")
+        return "FAIL"
+    step_s = sum(m["timing_s/step"] for m in steps[1:] or steps) / len(steps[1:] or steps)  # the first compiles
+    _say(f"smoke: PASS ({len(steps)} steps, {step_s:.1f} s per step after the first, peak GPU memory of the actor "
+         f"{mem:.1f} GB, checkpoint {checkpoint.name}); the full run: bash speedrun.sh {algorithm}")
+    return f"PASS, {step_s:.1f} s per step"
 
 
 BUILT.update({"full/preflight": full_preflight, "full/env": full_env, "full/data": full_data,

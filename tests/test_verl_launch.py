@@ -410,8 +410,45 @@ def test_launch_runs_in_the_gpu_environment_speedrun_sh_built(tmp_path, monkeypa
     # the gate's preflight checks the environment that exists, not the interpreter it would be built from
     seen, real = {}, preflight.run_checks
     monkeypatch.setattr(preflight, "run_checks", lambda **kw: seen.update(kw) or real(**kw))
-    speedrun.full_preflight(None, types.SimpleNamespace(gpus=None, data_dir=str(tmp_path), dry_run=True), gate=True)
+    args = types.SimpleNamespace(gpus=None, data_dir=str(tmp_path), dry_run=True, task="search", algorithm="grpo",
+                                 out=str(tmp_path), model=None, smoke=False)
+    speedrun.full_preflight(None, args, gate=True)
     assert seen["python_exe"] == str(venv / "bin" / "python")
+
+
+@needs_verl
+def test_smoke_dry_run_is_one_gpu_a_small_model_and_three_steps(tmp_path, capsys):
+    "bash speedrun.sh grpo --smoke: what a new GPU box runs first; here its dry run, and its verdict on fake metrics."
+    import speedrun
+
+    assert speedrun.main(["grpo", "--smoke", "--dry-run", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    (run_dir,) = tmp_path.iterdir()
+    assert run_dir.name.endswith("full-grpo-s0-smoke-dry")
+    launch = (run_dir / "launch.sh").read_text()
+    for o in ("trainer.n_gpus_per_node=1", "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct",
+              "trainer.total_training_steps=3", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+              "data.train_batch_size=8", "trainer.save_freq=3", "trainer.test_freq=3"):
+        assert o in launch, o
+    assert len(vd.read_rows(run_dir / "data" / "train.parquet")) == 64  # the smoke run's 64 questions
+    assert "retrieval_server.py" in launch and "--background" in launch
+    ckpt = run_dir / "checkpoints" / "global_step_3"
+    ckpt.mkdir(parents=True)
+    steps = [{"step": i, "timing_s/step": t, "actor/perf/max_memory_allocated_gb": 9.5} for i, t in ((1, 90.0), (2, 30.0),
+                                                                                                   (3, 32.0))]
+    assert speedrun.smoke_verdict(steps, ckpt) == "PASS, 31.0 s per step"
+    assert "smoke: PASS (3 steps, 31.0 s per step after the first, peak GPU memory of the actor 9.5 GB" in \
+        capsys.readouterr().out
+    assert speedrun.smoke_verdict(steps[:2], ckpt) == "FAIL"
+    assert "smoke: FAIL (2 of 3 steps logged)" in capsys.readouterr().out
+    assert speedrun.smoke_verdict(steps, None) == "FAIL"
+
+
+def test_smoke_needs_the_full_scale_and_the_search_task():
+    code, out, err = _run([sys.executable, "scripts/speedrun.py", "grpo", "--smoke", "--scale", "tiny"])
+    assert code == 2 and "--smoke checks a GPU box" in err
+    code, out, err = _run([sys.executable, "scripts/speedrun.py", "grpo", "--smoke", "--dry-run", "--task", "alfworld"])
+    assert code == 2 and "--smoke runs the search task on one node" in err
 
 
 @needs_verl
