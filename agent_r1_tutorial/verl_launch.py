@@ -158,6 +158,9 @@ class VerlRunConfig:
 # %% ../nbs/14_verl_launch.ipynb #370cb153
 TASK_RUNS = {  # the task's settings of VerlRunConfig; anything given to task_run_config wins
     "hotpotqa": {},
+    # Agent-R1's sanity path: arithmetic word problems with the calculator, no index; short episodes
+    "gsm8k": dict(train_files="data/gsm8k/train.parquet", val_files="data/gsm8k/validation.parquet",
+                  max_prompt_length=512, max_response_length=2048, max_turns=4),
     "alfworld": dict(model_path="Qwen/Qwen3-4B-Instruct-2507", train_files="data/alfworld/train.parquet",
                      val_files="data/alfworld/validation.parquet", train_batch_size=32, ppo_mini_batch_size=16,
                      max_prompt_length=4096, max_response_length=3072, max_turns=50, test_freq=5),

@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # names; tests/test_cli.py checks that these equal trainer.ALGORITHMS and verl_launch.ALGORITHMS
 ALGORITHMS = ("grpo", "ppo", "reinforce_pp", "rloo", "steppo")
 SCALES = ("auto", "tiny", "full")
-TASKS = ("search", "arith", "textworld", "alfworld")
-TINY_TASKS, FULL_TASKS = ("search", "arith", "textworld"), ("search", "alfworld")
+TASKS = ("search", "arith", "textworld", "alfworld", "gsm8k")
+TINY_TASKS, FULL_TASKS = ("search", "arith", "textworld"), ("search", "alfworld", "gsm8k")
 RETRIEVERS = ("dense", "bm25")
 PRESETS = ("tiny", "ci")
 ENGINES = ("reference", "verl")
@@ -82,7 +82,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--task", choices=TASKS, default="search",
                     help="search (default): questions about generated worlds on a CPU, HotpotQA on a GPU box; arith: "
                     "word problems with a calculator (CPU); textworld: TextWorld's coin-collector games (CPU); "
-                    "alfworld: ALFWorld's household games (GPU box)")
+                    "alfworld: ALFWorld's household games (GPU box); gsm8k: GSM8K with the calculator (GPU box)")
     tiny.add_argument("--retriever", choices=RETRIEVERS, default="dense",
                       help="dense: FAISS over all-MiniLM-L6-v2 embeddings (default); bm25")
     tiny.add_argument("--preset", choices=PRESETS, default="tiny",
@@ -497,6 +497,8 @@ def full_data(run_dir, args) -> str:
     out = Path(run_dir) / "data"
     if args.task == "alfworld":
         return alfworld_data(run_dir, args, out)
+    if args.task == "gsm8k":
+        return gsm8k_data(run_dir, args, out)
     if args.dry_run:
         train, dev = vd.hotpotqa_toy_sample(64, seed=0), vd.hotpotqa_toy_sample(16, seed=1)
         source = "local sample in HotpotQA's format (no download in a dry run)"
@@ -509,6 +511,26 @@ def full_data(run_dir, args) -> str:
     paths = vd.prepare_hotpotqa(out, train, dev, n_train=n_train, n_val=n_val, seed=args.seed, source=source,
                                 search_url=f"http://127.0.0.1:{RETRIEVAL_PORT}")  # the node's retrieval service
     _say(f"{n_train} training and {n_val} validation rows from {source}: {paths['train'].parent}")
+    return "done (sample)" if args.dry_run else "done"
+
+
+def gsm8k_data(run_dir, args, out: Path) -> str:
+    "GSM8K, downloaded once (two parquet files), as verl rows with the calculator (a local sample in the dry run)."
+    import pandas as pd
+
+    from agent_r1_tutorial import verl_data as vd
+
+    if args.dry_run:
+        train, test = vd.gsm8k_toy_sample(64, seed=0), vd.gsm8k_toy_sample(16, seed=1)
+        source = "local sample in GSM8K's format (no download in a dry run)"
+        n_train, n_val = args.n_train or 32, args.n_val or 8
+    else:
+        raw = vd.download_gsm8k(Path(args.data_dir) / "raw")
+        train, test = (pd.read_parquet(raw[k]).to_dict("records") for k in ("train", "test"))
+        source, n_train, n_val = "openai/gsm8k (train, test)", args.n_train, args.n_val or 256
+    paths = vd.prepare_gsm8k(out, train, test, n_train=n_train, n_val=n_val, seed=args.seed, source=source)
+    n = json.loads((paths["train"].parent / "manifest.json").read_text())
+    _say(f"{n['n_train']} training and {n['n_validation']} validation problems from {source}: {paths['train'].parent}")
     return "done (sample)" if args.dry_run else "done"
 
 
@@ -537,8 +559,8 @@ def full_index(run_dir, args) -> str:
     "The retrieval index: BEIR's HotpotQA corpus with bge-large on the GPU (cached); MiniLM on a few passages when dry."
     from agent_r1_tutorial import verl_data as vd
 
-    if args.task == "alfworld":
-        _say("ALFWorld needs no retrieval index")
+    if args.task in ("alfworld", "gsm8k"):
+        _say(f"{'ALFWorld' if args.task == 'alfworld' else 'GSM8K (the calculator)'} needs no retrieval index")
         return "not needed"
 
     out = _index_dir(run_dir, args)
@@ -580,7 +602,7 @@ def _run_config(run_dir, args):
         if getattr(args, opt) is not None:
             knobs[key] = getattr(args, opt)
     try:
-        return vl.task_run_config("alfworld" if args.task == "alfworld" else "hotpotqa", args.algorithm, **knobs)
+        return vl.task_run_config({"search": "hotpotqa"}.get(args.task, args.task), args.algorithm, **knobs)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
 
@@ -621,7 +643,7 @@ def full_train(run_dir, args) -> str:
     (run_dir / "verl_config.yaml").write_text(OmegaConf.to_yaml(cfg))
     (run_dir / "validation.json").write_text(json.dumps(check, indent=1))
     # a search task: each node first starts a retrieval service over the index, which the rows' search tool asks
-    service = {} if args.task == "alfworld" else dict(
+    service = {} if args.task != "search" else dict(
         retrieval_index=str(_index_dir(run_dir, args).resolve()), retrieval_port=RETRIEVAL_PORT,
         log_dir=str(run_dir.resolve()))
     venv = gpu_venv()  # the launch runs in the environment speedrun.sh built (AR1_GPU_VENV moves it)
@@ -671,6 +693,18 @@ def _scripted_searcher(row: dict):
     return policy
 
 
+def _scripted_solver(row: dict):
+    "A fixed policy for the dry run's GSM8K row: one calculator call that gives the answer, then the answer."
+    answer = row["reward_model"]["ground_truth"]
+
+    def policy(context: str) -> str:
+        if "<tool_response>" not in context:
+            return ('<tool_call>\n{"name": "calculator", "arguments": {"expression": ' + json.dumps(f"{answer} + 0")
+                    + '}}\n</tool_call>')
+        return f"<answer>{answer}</answer>"
+    return policy
+
+
 def _scripted_player(row: dict):
     "A fixed policy for the dry run's game: the game's own solution (from TextWorld's planner), one command a turn."
     from agent_r1_tutorial.textgames import TextGameEnv
@@ -688,6 +722,7 @@ def _dry_run_agent_loop(run_dir, cfg, tokenizer, model):
 
     row = vd.read_rows(Path(run_dir) / "data" / "train.parquet")[0]
     scripted = (("scripted player", _scripted_player(row)) if row["data_source"] == "alfworld"
+                else ("scripted solver", _scripted_solver(row)) if row["data_source"] == "openai/gsm8k"
                 else ("scripted searcher", _scripted_searcher(row)))
     service = None
     create = ((row["extra_info"].get("tools_kwargs") or {}).get("search_service") or {}).get("create_kwargs")
@@ -721,9 +756,9 @@ def _dry_run_agent_loop(run_dir, cfg, tokenizer, model):
 
 def full_eval(run_dir, args) -> str:
     "The held-out score of verl's validation after the last step (greedy, scored by our compute_score)."
-    measure = "success rate" if args.task == "alfworld" else "EM"
+    measure = "success rate" if args.task == "alfworld" else "EM"  # GSM8K's is exact match of the number
     if args.dry_run:
-        held_out = "games" if args.task == "alfworld" else "questions"
+        held_out = {"alfworld": "games", "gsm8k": "problems"}.get(args.task, "questions")
         _say(f"reads verl's validation after the last step: {measure} on the validation {held_out}, "
              "scored by compute_score")
         return "needs GPUs"

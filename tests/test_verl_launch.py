@@ -444,6 +444,27 @@ def test_smoke_dry_run_is_one_gpu_a_small_model_and_three_steps(tmp_path, capsys
     assert speedrun.smoke_verdict(steps, None) == "FAIL"
 
 
+@needs_verl
+def test_gsm8k_dry_run_in_process(tmp_path, capsys):
+    "Agent-R1's sanity path at full scale: GSM8K with the calculator, no index, no retrieval service."
+    import speedrun
+
+    assert speedrun.main(["grpo", "--task", "gsm8k", "--dry-run", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    (run_dir,) = tmp_path.iterdir()
+    assert run_dir.name.endswith("full-gsm8k-grpo-s0-dry")
+    rows = vd.read_rows(run_dir / "data" / "train.parquet")
+    assert len(rows) == 32 and rows[0]["data_source"] == "openai/gsm8k"
+    assert rows[0]["extra_info"]["env_kwargs"]["tools"] == ["calculator"]
+    launch = (run_dir / "launch.sh").read_text()
+    assert "data.max_response_length=2048" in launch and "retrieval_server" not in launch
+    assert "GSM8K (the calculator) needs no retrieval index" in out
+    episodes = json.loads((run_dir / "agent_loop.json").read_text())
+    solver = episodes["scripted solver"]
+    assert solver["tool_calls"] == 1 and solver["ids_and_masks_ok"] and solver["end_reason"] == "answer"
+    assert "verl's validation after the last step: EM on the validation problems" in out
+
+
 def test_smoke_needs_the_full_scale_and_the_search_task():
     code, out, err = _run([sys.executable, "scripts/speedrun.py", "grpo", "--smoke", "--scale", "tiny"])
     assert code == 2 and "--smoke checks a GPU box" in err
