@@ -58,6 +58,8 @@ class RetrievalService:
         "Queue the queries; returns their hits and where the time went (queued, searching)."
         if collection not in self.collections:
             raise KeyError(f"unknown collection {collection!r}; this service has {self._names()}")
+        if not queries:
+            return [], {"queue_s": 0.0, "search_s": 0.0}
         loop, t0 = asyncio.get_running_loop(), time.perf_counter()
         futs = [loop.create_future() for _ in queries]
         self.queue += [(collection, q, k, f, t0) for q, f in zip(queries, futs)]
@@ -353,10 +355,11 @@ class RetrievalServer:
         log_file: str | Path | None = None,  # the server's output (None: a file in the temp folder)
         device: str = "cpu",  # where its encoder runs
         startup_timeout: float = 300.0,  # seconds for it to load and answer /health
+        max_batch: int = 256,  # queries searched together (RetrievalService)
     ):
         if passages is None and not index_dirs:
             raise ValueError("a retrieval server needs passages or index_dirs")
-        self.args = ["--host", host, "--retriever", retriever, "--device", device]
+        self.args = ["--host", host, "--retriever", retriever, "--device", device, "--max-batch", str(max_batch)]
         if passages is not None:
             self.args += ["--passages", str(Path(passages).resolve())]
         for name, path in (index_dirs or {}).items():
@@ -449,7 +452,9 @@ def main(argv: Sequence[str] | None = None):
         name, _, path = spec.rpartition("=")
         dirs[name or "default"] = path
     if args.background:  # a launch script's step: the service outlives this command, in its own session
-        server = RetrievalServer(args.passages, dirs, args.retriever, args.host, args.port, args.background, args.device)
+        server = RetrievalServer(passages=args.passages, index_dirs=dirs, retriever=args.retriever, host=args.host,
+                                 port=args.port, log_file=args.background, device=args.device,
+                                 max_batch=args.max_batch)
         try:
             server.start()
         except RuntimeError as e:

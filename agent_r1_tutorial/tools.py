@@ -15,7 +15,7 @@ import operator
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import jsonschema
 
@@ -84,6 +84,17 @@ def _tool_executor() -> concurrent.futures.ThreadPoolExecutor:
     return _TOOL_EXECUTOR
 
 
+def _in_pool(execute: Callable, arguments: dict, on_start: Callable | None = None) -> asyncio.Future:
+    "Run a synchronous tool's `execute` in the shared pool; `on_start` is called on this loop when a thread takes it."
+    loop = asyncio.get_running_loop()
+
+    def run():
+        if on_start is not None:
+            loop.call_soon_threadsafe(on_start)
+        return execute(**arguments)
+    return loop.run_in_executor(_tool_executor(), run)
+
+
 def _short(s: str, n: int = 160) -> str:
     return s if len(s) <= n else s[: n - 1] + "…"
 
@@ -138,8 +149,7 @@ class BaseTool:
         arguments: dict,  # validated arguments
     ) -> ToolResult:
         "The asynchronous path: by default `execute` in a worker thread. Override for natively async tools."
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(_tool_executor(), functools.partial(self.execute, **arguments))
+        return await _in_pool(self.execute, arguments)
 
     def __call__(self, **arguments) -> ToolResult:
         "Validate and run one call, turning every failure into an error `ToolResult` (never raises)."
@@ -250,15 +260,11 @@ def resolve_tools(
 # %% ../nbs/03_tools.ipynb #a5a76cc2
 def _start(tool: BaseTool, arguments: dict) -> tuple[asyncio.Future, asyncio.Event]:
     "Start a call: natively async tools at once on this loop, `execute` when a worker thread is free (`started`)."
-    loop, started = asyncio.get_running_loop(), asyncio.Event()
+    started = asyncio.Event()
     if type(tool).aexecute is not BaseTool.aexecute:
         started.set()
         return asyncio.ensure_future(tool.aexecute(arguments)), started
-
-    def run():
-        loop.call_soon_threadsafe(started.set)
-        return tool.execute(**arguments)
-    return asyncio.ensure_future(loop.run_in_executor(_tool_executor(), run)), started
+    return asyncio.ensure_future(_in_pool(tool.execute, arguments, started.set)), started
 
 
 async def _run_one(call: ToolCall, table: dict[str, BaseTool], timeout: float | None, max_chars: int | None,

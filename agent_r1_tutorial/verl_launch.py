@@ -439,6 +439,11 @@ def _check_agent_loop(cfg) -> str:
     return f"{AGENT_NAME} -> {target} (layout: {layout})"
 
 # %% ../nbs/14_verl_launch.ipynb #178c0d39
+def _retrieval_log(log_dir: str) -> str:
+    "Where a node's retrieval service logs (its pid file: the same path + .pid), as shell text: one per host."
+    return f'{shlex.quote(str(log_dir))}/retrieval-"$(hostname)".log'
+
+
 def launch_commands(
     run: VerlRunConfig,  # the knobs
     head_address: str | None = None,  # the Ray head node's IP address; None with nnodes=1: a single-node run
@@ -463,7 +468,7 @@ def launch_commands(
     if retrieval_index is not None:  # started in the background; returns once /health answers (or fails with its log)
         service = (f"{python} scripts/retrieval_server.py --index-dir default={shlex.quote(str(retrieval_index))} "
                    f"--device {retrieval_device} --port {retrieval_port} "
-                   f"--background {shlex.quote(str(log_dir))}/retrieval-\"$(hostname)\".log")
+                   f"--background {_retrieval_log(log_dir)}")
     if run.nnodes == 1 and head_address is None:
         return {**({"retrieval": service} if service else {}), "train": f"{setenv} {trainer}"}
     head = head_address or "$HEAD_IP"
@@ -499,12 +504,12 @@ def write_launch_script(
     lines = ["#!/usr/bin/env bash", f"# {run.algorithm}: written by agent_r1_tutorial.verl_launch.write_launch_script",
              "set -euo pipefail", f"cd {shlex.quote(str(Path(repo_dir).resolve()))}"]
     where = {"head": "on the head node", "submit": "on the head node, once the workers have joined",
-             "worker": "on every other node, with the head's ~/.ray/auth_token copied to ~/.ray/ (Ray's token auth)"}
-    where["retrieval"] = "the retrieval service of this node, stopped when this script ends"
+             "worker": "on every other node, with the head's ~/.ray/auth_token copied to ~/.ray/ (Ray's token auth)",
+             "retrieval": "the retrieval service of this node, stopped when this script ends"}
     for step, cmd in cmds.items():
         lines += ["", f"# {step}" + (f": {where[step]}" if step in where else ""), cmd]
         if step == "retrieval":  # its pid file sits beside its log
-            pid = cmd.rsplit("--background ", 1)[1] + ".pid"
+            pid = _retrieval_log(command_kwargs.get("log_dir", ".")) + ".pid"
             lines.append(f"trap 'kill \"$(cat {pid})\" 2>/dev/null || true' EXIT")
     path = Path(out_dir) / "launch.sh"
     path.parent.mkdir(parents=True, exist_ok=True)

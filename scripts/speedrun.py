@@ -511,6 +511,10 @@ def full_data(run_dir, args) -> str:
     paths = vd.prepare_hotpotqa(out, train, dev, n_train=n_train, n_val=n_val, seed=args.seed, source=source,
                                 search_url=f"http://127.0.0.1:{RETRIEVAL_PORT}")  # the node's retrieval service
     _say(f"{n_train} training and {n_val} validation rows from {source}: {paths['train'].parent}")
+    if args.smoke and not args.dry_run:  # the smoke index's corpus: the sampled questions' own paragraphs, kept now
+        ids = {r["extra_info"]["source_id"] for p in paths.values() for r in vd.read_rows(p)}
+        passages = vd.hotpotqa_passages([r for r in (*train, *dev) if str(r.get("_id")) in ids])
+        (Path(run_dir) / "smoke_passages.jsonl").write_text("".join(json.dumps(d) + "\n" for d in passages))
     return "done (sample)" if args.dry_run else "done"
 
 
@@ -564,14 +568,11 @@ def full_index(run_dir, args) -> str:
         return "not needed"
 
     out = _index_dir(run_dir, args)
-    if args.smoke and not args.dry_run:  # the sample's own passages (HotpotQA ships each question's paragraphs)
-        rows = [r for split in ("train", "validation") for r in vd.read_rows(Path(run_dir) / "data" / f"{split}.parquet")]
-        raw = vd.download_hotpotqa(Path(args.data_dir) / "raw")
-        ids = {r["extra_info"]["source_id"] for r in rows}
-        records = [r for f in (raw["train"], raw["dev"]) for r in vd.load_hotpotqa(f) if str(r.get("_id")) in ids]
-        passages = vd.hotpotqa_passages(records)
-        vd.build_corpus_index(passages, out, encoder="all-MiniLM-L6-v2", device="cuda", progress=False)
-        _say(f"{len(passages)} passages of the {len(records)} sampled questions, all-MiniLM-L6-v2: {out}")
+    if args.smoke and not args.dry_run:  # the sample's own paragraphs (HotpotQA ships them; the data stage kept them)
+        lines = (Path(run_dir) / "smoke_passages.jsonl").read_text().splitlines()
+        vd.build_corpus_index([json.loads(l) for l in lines], out, encoder="all-MiniLM-L6-v2", device="cuda",
+                              progress=False)
+        _say(f"{len(lines)} passages of the sampled questions, all-MiniLM-L6-v2: {out}")
         return "done (smoke)"
     if args.dry_run:
         passages = vd.hotpotqa_passages(vd.hotpotqa_toy_sample(64, seed=0) + vd.hotpotqa_toy_sample(16, seed=1))
