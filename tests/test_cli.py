@@ -77,7 +77,8 @@ def test_setup_rejects_unknown_profile():
 
 
 @pytest.mark.parametrize("args, msg", [
-    (["--task", "chess"], "invalid choice: 'chess' (choose from 'search', 'arith', 'textworld', 'alfworld')"),
+    (["--task", "chess"], "invalid choice: 'chess' (choose from 'search', 'arith', 'textworld', 'alfworld', 'gsm8k')"),
+    (["--task", "gsm8k"], "--task gsm8k runs at full scale"),
     (["--retriever", "google"], "invalid choice: 'google'"),
     (["--preset", "huge"], "invalid choice: 'huge'"),
     (["--threads", "0"], "--threads must be a positive integer"),
