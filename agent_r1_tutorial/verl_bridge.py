@@ -32,7 +32,7 @@ __all__ = ['AGENT_NAME', 'MODULE_NAME', 'LAYOUTS', 'VERL_PREFIX', 'EXTERNAL_MODU
            'log_episode', 'TokenIds', 'LocalServerManager', 'verl_agent_loop_class', 'verl_name',
            'as_verl_adv_estimator', 'global_loss_scale', 'as_verl_policy_loss', 'register_with_verl',
            'split_batch_keys', 'compute_advantage_multi_step', 'replace_verl_attribute', 'patch_verl_trainer',
-           'patch_verl_critic_loader']
+           'patch_verl_critic_loader', 'chunked_log_probs', 'chunked_entropy', 'patch_verl_logits']
 
 # %% ../nbs/12_verl.ipynb #66760931
 AGENT_NAME = "ar1_agent"  # the agent loop our data rows ask for (parquet column `agent_name`)
@@ -620,7 +620,7 @@ def _import_verl(what: str):
 
 
 def register_with_verl(
-    patch_trainer: bool = False,  # also patch verl's trainer (values and step ids for ar1_(step_)gae), critic loader
+    patch_trainer: bool = False,  # also patch verl: trainer (values, step ids), critic loader, log-probs
     agent_loop: bool = True,  # also register our agent loop under AGENT_NAME
 ) -> dict[str, list[str]]:  # {"adv_estimators": [...], "policy_losses": [...], "agent_loops": [...], "patched": [...]}
     "Register our advantage estimators, policy losses and agent loop with verl under our names (idempotent)."
@@ -640,7 +640,7 @@ def register_with_verl(
         register(AGENT_NAME)(verl_agent_loop_class())
         out["agent_loops"].append(AGENT_NAME)
     if patch_trainer:
-        out["patched"] = patch_verl_trainer() + patch_verl_critic_loader()
+        out["patched"] = patch_verl_trainer() + patch_verl_critic_loader() + patch_verl_logits()
     return out
 
 # %% ../nbs/12_verl.ipynb #fbd4dec1
@@ -793,6 +793,108 @@ def patch_verl_critic_loader() -> list[str]:  # the module attributes replaced
                 trust_remote_code=trust_remote_code)
         return load_valuehead_model
     return replace_verl_attribute((verl_model,), "load_valuehead_model", make, _LOADER_ARGS)
+
+# %% ../nbs/12_verl.ipynb #7a1f2954
+def _float(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dtype == torch.float64 else x.float()  # float32 arithmetic for bf16/fp16 logits; float64 stays
+
+
+class _ChunkedLogProbs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, labels, chunk):
+        out = torch.empty(labels.shape, dtype=_float(logits[:0]).dtype, device=logits.device)
+        for i in range(0, len(logits), chunk):
+            z = _float(logits[i:i + chunk])
+            out[i:i + chunk] = z.gather(-1, labels[i:i + chunk, None]).squeeze(-1) - z.logsumexp(-1)
+        ctx.save_for_backward(logits, labels)
+        ctx.chunk = chunk
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        logits, labels = ctx.saved_tensors
+        out = torch.empty_like(logits)
+        for i in range(0, len(logits), ctx.chunk):
+            g = _float(grad[i:i + ctx.chunk, None])
+            d = _float(logits[i:i + ctx.chunk]).softmax(-1).mul_(-g)  # -p_j, scaled by the incoming gradient
+            out[i:i + ctx.chunk] = d.scatter_add_(-1, labels[i:i + ctx.chunk, None], g)  # + 1 at the label
+        return out, None, None
+
+
+class _ChunkedEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, chunk):
+        out = torch.empty(len(logits), dtype=_float(logits[:0]).dtype, device=logits.device)
+        for i in range(0, len(logits), chunk):
+            logp = _float(logits[i:i + chunk]).log_softmax(-1)
+            out[i:i + chunk] = -(logp.exp() * logp).sum(-1)
+        ctx.save_for_backward(logits, out)
+        ctx.chunk = chunk
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        logits, entropy = ctx.saved_tensors
+        out = torch.empty_like(logits)
+        for i in range(0, len(logits), ctx.chunk):
+            logp = _float(logits[i:i + ctx.chunk]).log_softmax(-1)
+            h, g = entropy[i:i + ctx.chunk, None], _float(grad[i:i + ctx.chunk, None])
+            out[i:i + ctx.chunk] = -logp.exp() * (logp + h) * g
+        return out, None
+
+
+def _rows(logits: torch.Tensor, chunk: int, what: str) -> torch.Tensor:
+    if not isinstance(logits, torch.Tensor) or logits.dim() < 2:
+        raise ValueError(f"{what}: logits must be a tensor of shape (..., vocab), got "
+                         f"{getattr(logits, 'shape', type(logits).__name__)}")
+    if not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"{what}: chunk must be a positive number of rows, got {chunk!r}")
+    return logits.reshape(-1, logits.shape[-1])
+
+
+def chunked_log_probs(
+    logits: torch.Tensor,  # (..., vocab)
+    labels: torch.Tensor,  # (...) token ids: the logits' shape without the vocabulary
+    chunk: int = 256,  # rows per step: the temporaries are a few chunk × vocab float32 arrays
+) -> torch.Tensor:  # (...) log p(label), float32 (float64 for float64 logits)
+    "log_softmax(logits)[labels], a chunk of rows at a time, forward and backward."
+    rows = _rows(logits, chunk, "chunked_log_probs")
+    if labels.shape != logits.shape[:-1]:
+        raise ValueError(f"chunked_log_probs: labels have shape {tuple(labels.shape)}, the logits "
+                         f"{tuple(logits.shape)}: labels must have the logits' shape without the last dimension")
+    out = _ChunkedLogProbs.apply(rows, labels.reshape(-1).long(), chunk)
+    return out.reshape(labels.shape)
+
+
+def chunked_entropy(
+    logits: torch.Tensor,  # (..., vocab)
+    chunk: int = 256,  # rows per step
+) -> torch.Tensor:  # (...) the entropy of each row's softmax, float32 (float64 for float64 logits)
+    "The entropy of softmax(logits) per row, a chunk of rows at a time, forward and backward."
+    return _ChunkedEntropy.apply(_rows(logits, chunk, "chunked_entropy"), chunk).reshape(logits.shape[:-1])
+
+
+def patch_verl_logits(
+    chunk: int = 256,  # rows per step of the replacements
+) -> list[str]:  # the module attributes replaced
+    """Replace verl 0.9.1's fallback log-probabilities (a Python loop over rows, used where flash-attn is not
+    installed) and its full-size entropy by the chunked functions above (idempotent)."""
+    _import_verl("patch_verl_logits")
+    from verl.utils import torch_functional as verl_F
+
+    def log_probs(original):
+        @torch.compiler.disable  # verl may compile what calls it; the loop over chunks is meant to run as written
+        def logprobs_from_logits_v2(logits, labels):
+            return chunked_log_probs(logits, labels, chunk)
+        return logprobs_from_logits_v2
+
+    def entropy(original):
+        @torch.compiler.disable
+        def entropy_from_logits(logits):
+            return chunked_entropy(logits, chunk)
+        return entropy_from_logits
+    return (replace_verl_attribute((verl_F,), "logprobs_from_logits_v2", log_probs, ("logits", "labels"))
+            + replace_verl_attribute((verl_F,), "entropy_from_logits", entropy, ("logits",)))
 
 # %% ../nbs/12_verl.ipynb #a2f45328
 _autoregister()

@@ -289,6 +289,72 @@ def test_env_var_registers_in_a_fresh_process():
     assert code == 0 and out.split()[-1] == "False", "without the variable nothing registers"
 
 
+# ---------------------------------------------------------------- log-probs and entropy without flash-attn
+
+
+@needs_verl
+def test_env_var_installs_the_chunked_logits_in_a_fresh_process():
+    "Every verl process (the FSDP workers compute the log-probs) gets the chunked functions when it imports verl."
+    probe = ("import verl.utils.torch_functional as F; import verl.trainer.ppo.core_algos; "
+             "print(F.logprobs_from_logits_v2.__module__, F.entropy_from_logits.__module__, "
+             "F.entropy_from_logits.__ar1_original__.__module__)")
+    code, out, err = _run([sys.executable, "-c", probe], env={vb.EXTERNAL_MODULES_ENV: vb.MODULE_NAME})
+    assert code == 0, err
+    assert out.split()[-3:] == [vb.MODULE_NAME, vb.MODULE_NAME, "verl.utils.torch_functional"]
+
+
+@needs_verl
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunk", [1, 7, 256])
+def test_chunked_logits_equal_float64_forward_and_backward(dtype, chunk):
+    g = torch.Generator().manual_seed(chunk)
+    z64 = torch.randn(2, 13, 301, dtype=torch.float64, generator=g) * 5
+    y = torch.randint(0, 301, (2, 13), generator=g)
+    z = z64.to(dtype).double().requires_grad_()  # the same values at the dtype's precision, for the reference
+    zc = z.detach().to(dtype).requires_grad_()
+    w = torch.randn(2, 13, dtype=torch.float64, generator=g)
+    ref_lp = torch.log_softmax(z, -1).gather(-1, y[..., None]).squeeze(-1)
+    ref_h = -(torch.softmax(z, -1) * torch.log_softmax(z, -1)).sum(-1)
+    for ours, ref in ((vb.chunked_log_probs(zc, y, chunk), ref_lp), (vb.chunked_entropy(zc, chunk), ref_h)):
+        assert ours.dtype == torch.float32 and ours.shape == (2, 13)
+        assert (ours.double() - ref).abs().max() < 1e-4
+        zc.grad = z.grad = None
+        (ours.double() * w).sum().backward()
+        (ref * w).sum().backward()
+        tol = 1e-5 if dtype == torch.float32 else 2e-2  # the gradient is written in the logits' dtype
+        assert (zc.grad.double() - z.grad).abs().max() < tol
+
+
+@needs_verl
+def test_chunked_logits_reject_bad_input():
+    z, y = torch.zeros(3, 5), torch.zeros(3, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"labels have shape \(4,\)"):
+        vb.chunked_log_probs(z, torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match="chunk must be a positive number of rows, got 0"):
+        vb.chunked_entropy(z, 0)
+    with pytest.raises(ValueError, match=r"shape \(\.\.\., vocab\)"):
+        vb.chunked_log_probs(torch.zeros(5), y)
+    assert vb.chunked_log_probs(z, y).shape == (3,)
+
+
+def test_bench_logits_compares_side_by_side_and_rejects_bad_options(tmp_path):
+    code, out, err = _run([sys.executable, "scripts/bench_logits.py", "--rows", "0"])
+    assert code == 2 and "--rows must be a positive integer, got 0" in err
+    code, out, err = _run([sys.executable, "scripts/bench_logits.py", "--device", "tpu"])
+    assert code == 2 and "--device must be cpu or cuda" in err
+    if not HAS_VERL:
+        return
+    code, out, err = _run([sys.executable, "scripts/bench_logits.py", "--rows", "96", "--vocab", "2000", "--chunk", "32",
+                           "--backward", "--out", str(tmp_path / "b.json")])
+    assert code == 0, err
+    import json
+    res = {r["variant"]: r for r in json.loads((tmp_path / "b.json").read_text())["results"]}
+    assert set(res) == {"verl_logprobs", "chunked_logprobs", "verl_entropy", "chunked_entropy"}
+    assert res["chunked_logprobs"]["max_error"] < 1e-4 and res["chunked_entropy"]["max_error"] < 1e-3
+    assert res["verl_logprobs"]["dtype"] == "torch.bfloat16" and res["chunked_logprobs"]["dtype"] == "torch.float32"
+    assert "chunked / verl's fallback" in out
+
+
 # ---------------------------------------------------------------- reward
 
 
