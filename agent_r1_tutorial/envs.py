@@ -9,6 +9,7 @@ import asyncio
 import html
 import math
 import re
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
@@ -275,15 +276,20 @@ class TrimToolOutputs(ContextPolicy):
         keep_last: int = 1,  # the most recent tool outputs to leave whole
         shorten_to: int = 200,  # first shorten old outputs to this many characters
         placeholder: str = "[earlier tool output removed to save space]",  # then replace them by this
+        trim_to: float = 1.0,  # once over budget, trim to this share of it: below 1, the next turns append again
     ):
         if keep_last < 0 or shorten_to < 0:
             raise ValueError("keep_last and shorten_to must be non-negative")
-        self.keep_last, self.shorten_to, self.placeholder = keep_last, shorten_to, placeholder
+        if not 0 < trim_to <= 1:
+            raise ValueError(f"trim_to is the share of the budget to trim down to, in (0, 1]; got {trim_to!r}")
+        self.keep_last, self.shorten_to, self.placeholder, self.trim_to = keep_last, shorten_to, placeholder, trim_to
 
     def __call__(self, messages: list[dict], budget: ContextBudget) -> list[dict]:
         out = [dict(m) for m in messages]
         if budget.fits(out):
             return out
+        if self.trim_to < 1:  # aim lower than the limit, so that the turns after this one fit without a trim
+            budget = dataclasses.replace(budget, max_tokens=int(budget.max_tokens * self.trim_to))
         tool_idx = [i for i, m in enumerate(out) if i >= budget.n_protected and budget.is_tool_output(m)]
         old = tool_idx[: max(0, len(tool_idx) - self.keep_last)]
         for target in (self.shorten_to, None):  # first shorten, then replace
@@ -297,7 +303,7 @@ class TrimToolOutputs(ContextPolicy):
                     continue
                 if budget.fits(out):
                     return out
-        return out  # best effort: the environment truncates the episode if this is still over budget
+        return out  # best effort: the environment truncates the episode if this is over the real limit
 
 
 # %% ../nbs/05_envs.ipynb #a5d1db7f

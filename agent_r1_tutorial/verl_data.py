@@ -395,6 +395,7 @@ def alfworld_rows(
     max_steps: int = 50,  # commands per game (ALFWorld's standard budget)
     max_tokens: int = 3072,  # the context budget the trimming policy keeps to (tokens, counted with the chat template)
     keep_last: int = 2,  # observations kept whole when the context is over budget
+    trim_to: float = 0.5,  # over budget, trim to this share of it, so that the next turns append (fewer rows)
 ) -> list[dict]:  # verl rows
     "verl parquet rows for ALFWorld games: the environment, its budget and context policy, and the game to load."
     rows = []
@@ -404,7 +405,7 @@ def alfworld_rows(
             raise ValueError(f"task {j} needs 'game', the path of an ALFWorld .tw-pddl file, got {t.get('game')!r}")
         kind = str(t.get("task_type", "unknown"))
         env = {"env": "textgame", "start": "alfworld", "max_steps": max_steps, "show_admissible": True,
-               "max_tokens": max_tokens, "context_policy": {"name": "trim", "keep_last": keep_last}}
+               "max_tokens": max_tokens, "context_policy": {"name": "trim", "keep_last": keep_last, "trim_to": trim_to}}
         rows.append(_row("alfworld", "embodied", ALFWORLD_PROMPT.format(task_type=kind.replace("_", " ")), "won",
                          split, i, kind, None, env, fmt="action", metric="win", reset_kwargs={"game": t["game"]},
                          task_type=kind))
@@ -418,7 +419,7 @@ def prepare_alfworld(
     n_val: int | None = 140,  # valid_seen has 140 games
     seed: int = 0,
     val_split: str = "valid_seen",  # or "valid_unseen" (134 games)
-    **row_kwargs,  # passed to alfworld_rows (max_steps, max_tokens, keep_last)
+    **row_kwargs,  # passed to alfworld_rows (max_steps, max_tokens, keep_last, trim_to)
 ) -> dict[str, Path]:  # {"train": path, "validation": path}
     "Write ALFWorld's training and validation parquet files from its game files."
     from agent_r1_tutorial.textgames import alfworld_games

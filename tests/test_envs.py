@@ -255,13 +255,14 @@ messages_st = st.lists(st.tuples(st.sampled_from(["assistant", "tool", "user"]),
                        min_size=0, max_size=12)
 
 
-@given(body=messages_st, max_tokens=st.integers(10, 400), keep_last=st.integers(0, 3), shorten_to=st.integers(0, 80))
+@given(body=messages_st, max_tokens=st.integers(10, 400), keep_last=st.integers(0, 3), shorten_to=st.integers(0, 80),
+       trim_to=st.sampled_from([1.0, 0.75, 0.5, 0.1]))
 @settings(max_examples=200, deadline=None)
-def test_trim_keeps_what_it_must(body, max_tokens, keep_last, shorten_to):
+def test_trim_keeps_what_it_must(body, max_tokens, keep_last, shorten_to, trim_to):
     prompt = [{"role": "system", "content": "s" * 40}, {"role": "user", "content": "the task"}]
     msgs = prompt + [{"role": r, "content": c} for r, c in body]
     budget = ContextBudget(approx_token_count, max_tokens, n_protected=2)
-    out = TrimToolOutputs(keep_last=keep_last, shorten_to=shorten_to)(msgs, budget)
+    out = TrimToolOutputs(keep_last=keep_last, shorten_to=shorten_to, trim_to=trim_to)(msgs, budget)
     assert len(out) == len(msgs) and out[:2] == prompt
     tool_idx = [i for i, m in enumerate(msgs) if i >= 2 and m["role"] == "tool"]
     newest = set(tool_idx[max(0, len(tool_idx) - keep_last):])
@@ -282,6 +283,9 @@ def test_trim_keeps_what_it_must(body, max_tokens, keep_last, shorten_to):
         floor[i]["content"] = placeholder if len(placeholder) < len(c) else c
     if budget.fits(floor):
         assert budget.fits(out)
+    target = ContextBudget(approx_token_count, int(max_tokens * trim_to), n_protected=2)
+    if not budget.fits(msgs) and target.fits(floor):
+        assert target.fits(out)  # over the limit, it trims down to trim_to's share where that can be reached
 
 
 @given(body=messages_st, keep=st.integers(0, 3))
