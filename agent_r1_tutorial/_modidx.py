@@ -844,6 +844,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                        'agent_r1_tutorial/textgames.py'),
                                              'agent_r1_tutorial.textgames.GamePool.__init__': ( 'textgames.html#gamepool.__init__',
                                                                                                 'agent_r1_tutorial/textgames.py'),
+                                             'agent_r1_tutorial.textgames.GamePool.__len__': ( 'textgames.html#gamepool.__len__',
+                                                                                               'agent_r1_tutorial/textgames.py'),
                                              'agent_r1_tutorial.textgames.GamePool.acquire': ( 'textgames.html#gamepool.acquire',
                                                                                                'agent_r1_tutorial/textgames.py'),
                                              'agent_r1_tutorial.textgames.GamePool.release': ( 'textgames.html#gamepool.release',

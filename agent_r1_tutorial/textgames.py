@@ -5,10 +5,12 @@
 # %% ../nbs/10b_textgames.ipynb #7daa91ef
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import re
+from collections import OrderedDict
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 from typing import Callable, Sequence
@@ -185,27 +187,46 @@ def start_textworld(path: str | Path):
 
 
 class GamePool:
-    "Started games, reused across episodes: `acquire` one for a game file, `release` it when the episode ends."
+    """Started games, reused across episodes: `acquire` one for a game file, `release` it when the episode ends. At
+    most `max_free` idle games per file and `max_total` in all are kept; past that, the longest idle is closed."""
 
     def __init__(
         self,
         start: Callable[[str], object] = start_textworld,  # path -> a started TextWorld environment
-        max_free: int = 64,  # started games kept per file
+        max_free: int = 8,  # idle games kept per file (a GRPO group plays one file this many times at once)
+        max_total: int = 256,  # idle games kept in all: an epoch over thousands of files must not keep them all
     ):
         if not callable(start):
             raise TypeError("start must be a callable from a game path to a started game")
-        self.start, self.max_free, self.free = start, max_free, {}
+        if max_free < 0 or max_total < 0:
+            raise ValueError(f"max_free and max_total must be non-negative, got {max_free} and {max_total}")
+        self.start, self.max_free, self.max_total = start, max_free, max_total
+        self.free: dict[str, list] = {}  # path -> its idle games
+        self.idle: OrderedDict = OrderedDict()  # id(game) -> path, the longest idle first
 
     def acquire(self, path: str):
         free = self.free.get(path)
-        return free.pop() if free else self.start(path)
+        if not free:
+            return self.start(path)
+        game = free.pop()
+        del self.idle[id(game)]
+        return game
 
     def release(self, path: str, game):
         free = self.free.setdefault(path, [])
-        if len(free) < self.max_free:
-            free.append(game)
-        else:
+        if len(free) >= self.max_free:
             game.close()
+            return
+        free.append(game)
+        self.idle[id(game)] = path
+        while len(self.idle) > self.max_total:  # close the game idle the longest, whatever its file
+            gid, old_path = self.idle.popitem(last=False)
+            old = next(g for g in self.free[old_path] if id(g) == gid)
+            self.free[old_path].remove(old)
+            old.close()
+
+    def __len__(self) -> int:  # idle games held
+        return len(self.idle)
 
 
 GAME_STARTS = {"textworld": start_textworld}  # names a data row can give as `start` (ALFWorld adds its own below)
@@ -305,6 +326,9 @@ def __del__(self: TextGameEnv):
 @patch(as_prop=True)
 def walkthrough(self: TextGameEnv) -> list[str]:
     "The game's own solution from the current state (TextWorld replans it after each command); never shown to the agent."
+    if "policy_commands" not in self.state:
+        raise RuntimeError("this game was started without the planner's solution (TextWorld's policy_commands): "
+                           "start it with start='alfworld_plan' for ALFWorld, or a start that requests them")
     return list(self.state.get("policy_commands") or [])
 
 
@@ -489,15 +513,19 @@ ALFWORLD_TASK_TYPES = ("pick_and_place_simple", "look_at_obj_in_light", "pick_cl
                        "pick_heat_then_place_in_recep", "pick_cool_then_place_in_recep", "pick_two_obj_and_place")
 
 
-def alfworld_start(path: str | Path):
+def alfworld_start(
+    path: str | Path,
+    plan: bool = False,  # ask Fast Downward for the solution after every command (a teacher needs it; RL does not)
+):
     "Start an ALFWorld game (.tw-pddl) as ALFWorld does: the PDDL engine, readable names, the game file recorded."
     import textworld
     from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
-    infos = textworld.EnvInfos(**{**INFOS, "moves": False}, extras=["gamefile"])
+    infos = textworld.EnvInfos(**{**INFOS, "moves": False, "policy_commands": plan}, extras=["gamefile"])
     return textworld.start(str(path), request_infos=infos, wrappers=[AlfredDemangler(shuffle=False), AlfredInfos])
 
 
-GAME_STARTS["alfworld"] = alfworld_start
+GAME_STARTS["alfworld"] = alfworld_start  # what the rows of the full run name: no planner call after each command
+GAME_STARTS["alfworld_plan"] = functools.partial(alfworld_start, plan=True)  # for a walkthrough (teacher, dry run)
 
 
 def alfworld_games(

@@ -710,7 +710,8 @@ def _scripted_player(row: dict):
     "A fixed policy for the dry run's game: the game's own solution (from TextWorld's planner), one command a turn."
     from agent_r1_tutorial.textgames import TextGameEnv
 
-    env = TextGameEnv(max_steps=50, start=row["extra_info"]["env_kwargs"]["start"])
+    start = row["extra_info"]["env_kwargs"]["start"]  # the rows' "alfworld" skips the planner; the script needs it
+    env = TextGameEnv(max_steps=50, start={"alfworld": "alfworld_plan"}.get(start, start))
     env.reset(**row["extra_info"]["reset_kwargs"])
     solution = env.walkthrough
     return lambda context: f"<action>{solution[min(context.count('<|im_start|>assistant'), len(solution)) - 1]}</action>"
