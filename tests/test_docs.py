@@ -424,6 +424,8 @@ TAUGHT = {
     "rollout.html": ["class AgentEnvLoop", "def run", "def generate", "def to_batch", "def sdpa_gqa"],
     "rewards.html": ["def exact_match", "def f1_score", "def format_reward", "def place_step_rewards",
                      "def compute_score"],
+    "gateway.html": ["def episode_prompt_ids", "def same_message", "class Gateway", "def episode_trajectory",
+                     "def collect", "def drift_cause"],
     "advantages.html": ["def compute_gae_advantage_return", "def compute_step_gae_advantage_return",
                         "def compute_grpo_outcome_advantage", "def compute_drgrpo_outcome_advantage",
                         "def compute_rloo_outcome_advantage", "def compute_reinforce_plus_plus_outcome_advantage"],
