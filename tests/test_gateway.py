@@ -189,3 +189,34 @@ def test_stop_strings_and_n(tiny):
     kept = gw.episodes["s"].calls[0].choices[0]
     assert tok.decode(kept.token_ids).endswith("STOP") and kept.stop_reason == "stop_string"
     assert r["usage"]["prompt_tokens"] == len(initial_prompt_ids(tok, [{"role": "user", "content": "go"}]))
+
+
+def test_concurrent_requests_are_batched_and_one_episode_is_one_conversation(tiny):
+    tok, _ = tiny
+    release = threading.Event()
+
+    class Slow(PolicyBackend):  # holds the first batch until told, so that the others queue behind it
+        def __init__(self):
+            self.sizes = []
+
+        def generate(self, contexts, params, keys=None, max_new_tokens=None):
+            self.sizes.append(len(contexts))
+            release.wait(10)
+            return ScriptedBackend(tok, lambda ctx: "ok").generate(contexts, params, keys, max_new_tokens)
+
+    backend = Slow()
+    gw = Gateway(backend, tok)
+    ask = {"messages": [{"role": "user", "content": "hi"}]}
+    threads = [threading.Thread(target=gw.complete, args=(f"e{i}", ask)) for i in range(6)]
+    for t in threads:
+        t.start()
+        time.sleep(0.05)
+    from agent_r1_tutorial.gateway import GatewayError
+    with pytest.raises(GatewayError, match="already has a request in flight"):
+        gw.complete("e5", ask)
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert backend.sizes[0] == 1 and sum(backend.sizes) == 6 and len(backend.sizes) < 6
+    assert gw.stats == {"batches": len(backend.sizes), "requests": 6}
+    assert all(len(gw.episodes[f"e{i}"].calls) == 1 for i in range(6))
