@@ -220,3 +220,23 @@ def test_concurrent_requests_are_batched_and_one_episode_is_one_conversation(tin
     assert backend.sizes[0] == 1 and sum(backend.sizes) == 6 and len(backend.sizes) < 6
     assert gw.stats == {"batches": len(backend.sizes), "requests": 6}
     assert all(len(gw.episodes[f"e{i}"].calls) == 1 for i in range(6))
+
+
+def test_drift_is_measured_from_the_module_alone(tiny):
+    "drift_cause and drift_table outside the chapter: compact JSON re-written by the template, and nothing else."
+    tok, _ = tiny
+    from agent_r1_tutorial.gateway import drift_cause, drift_table
+
+    def model(ctx):
+        if "<tool_response>" not in ctx:
+            return '<tool_call>{"name":"search","arguments":{"query":"x"}}</tool_call>'
+        return "<answer>y</answer>"
+    gw = Gateway(ScriptedBackend(tok, model), tok)
+    msgs = [{"role": "user", "content": "q"}]
+    reply = gw.complete("d", {"messages": msgs, "tools": [SEARCH]})["choices"][0]["message"]
+    gw.complete("d", {"messages": msgs + [reply, {"role": "tool", "content": "found y"}], "tools": [SEARCH]})
+    first, second = gw.episodes["d"].calls
+    assert drift_cause(tok, first) is None and drift_cause(tok, second) == "tool-call JSON re-written"
+    table = drift_table(tok, {"compact JSON": [gw.episodes["d"]]})
+    assert table.loc["compact JSON"].to_dict() == {"calls": 1, "re-rendered from text: wrong ids": 1.0,
+                                                    "prefix-matched: wrong ids": 0.0, "tool-call JSON re-written": 1}
