@@ -151,7 +151,7 @@ def test_collect_keeps_episodes_apart_and_marks_failures(tiny):
 
     def agent(base_url, task):
         if task["n"] == 63:
-            time.sleep(8)  # hangs past the timeout
+            time.sleep(12)  # hangs past the timeout
         client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0)
         messages = [{"role": "user", "content": f"Say the number {task['n']}."}]
         for _ in range(3):
@@ -168,8 +168,8 @@ def test_collect_keeps_episodes_apart_and_marks_failures(tiny):
     with GatewayServer(Gateway(ScriptedBackend(tok, model), tok)) as server:
         t0 = time.monotonic()
         trajs = collect(server, agent, tasks, lambda a, t: float(a == f"<answer>{t['n']}</answer>"), workers=64,
-                        timeout=3.0)
-        assert time.monotonic() - t0 < 7.5  # the hung agent did not hold the batch
+                        timeout=6.0)  # room for 63 agents on a busy 2-core machine
+        assert time.monotonic() - t0 < 11  # the hung agent did not hold the batch
     assert trajs[63] is None  # it never called the model: nothing to train on
     for t, task in zip(trajs[:63], tasks):
         assert f"Say the number {task['n']}." in tok.decode(t.steps[0].obs_ids)
@@ -212,12 +212,15 @@ def test_concurrent_requests_are_batched_and_one_episode_is_one_conversation(tin
         t.start()
         time.sleep(0.05)
     from agent_r1_tutorial.gateway import GatewayError
+    deadline = time.monotonic() + 10
+    while "e5" not in gw._busy and time.monotonic() < deadline:  # e5's request is being answered
+        time.sleep(0.01)
     with pytest.raises(GatewayError, match="already has a request in flight"):
         gw.complete("e5", ask)
     release.set()
     for t in threads:
         t.join(10)
-    assert backend.sizes[0] == 1 and sum(backend.sizes) == 6 and len(backend.sizes) < 6
+    assert sum(backend.sizes) == 6 and len(backend.sizes) < 6  # the requests queued behind the first batch went together
     assert gw.stats == {"batches": len(backend.sizes), "requests": 6}
     assert all(len(gw.episodes[f"e{i}"].calls) == 1 for i in range(6))
 
