@@ -292,6 +292,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                            'agent_r1_tutorial.gateway.GatewayServer.url': ( 'gateway.html#gatewayserver.url',
                                                                                             'agent_r1_tutorial/gateway.py'),
                                            'agent_r1_tutorial.gateway._calls': ('gateway.html#_calls', 'agent_r1_tutorial/gateway.py'),
+                                           'agent_r1_tutorial.gateway._check_sampling': ( 'gateway.html#_check_sampling',
+                                                                                          'agent_r1_tutorial/gateway.py'),
                                            'agent_r1_tutorial.gateway._sampled': ('gateway.html#_sampled', 'agent_r1_tutorial/gateway.py'),
                                            'agent_r1_tutorial.gateway._text': ('gateway.html#_text', 'agent_r1_tutorial/gateway.py'),
                                            'agent_r1_tutorial.gateway.check_request': ( 'gateway.html#check_request',

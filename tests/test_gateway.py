@@ -243,3 +243,16 @@ def test_drift_is_measured_from_the_module_alone(tiny):
     table = drift_table(tok, {"compact JSON": [gw.episodes["d"]]})
     assert table.loc["compact JSON"].to_dict() == {"calls": 1, "re-rendered from text: wrong ids": 1.0,
                                                     "prefix-matched: wrong ids": 0.0, "tool-call JSON re-written": 1}
+
+
+def test_a_trainer_forces_its_sampling_settings(tiny):
+    "Forced greedy: the same prompt twice gives the same ids, whatever temperature the agent asked for."
+    tok, model = tiny
+    gw = Gateway(HFBackend(model, tok.pad_token_id, generator=torch.Generator().manual_seed(0)), tok,
+                 sampling={"temperature": 0, "max_tokens": 12})
+    ask = {"messages": [{"role": "user", "content": "Tell me a story."}], "temperature": 2, "max_tokens": 200}
+    ids = [gw.complete(f"g{i}", ask) and gw.episodes[f"g{i}"].calls[0].choices[0].token_ids for i in range(2)]
+    assert ids[0] == ids[1] and len(ids[0]) <= 12
+    gw.sampling = {}  # back to the agent's settings: temperature 2 now samples
+    sampled = [gw.complete(f"s{i}", ask) and gw.episodes[f"s{i}"].calls[0].choices[0].token_ids for i in range(2)]
+    assert sampled[0] != sampled[1]
