@@ -23,6 +23,15 @@ def tiny():
     return build_tiny_lm()
 
 
+def compact_caller(query: str, answer: str):
+    "A scripted model that writes its tool call as compact JSON (not the template's layout), then answers."
+    def model(ctx):
+        if "<tool_response>" not in ctx:
+            return '<tool_call>{"name":"search","arguments":{"query":"' + query + '"}}</tool_call>'
+        return f"<answer>{answer}</answer>"
+    return model
+
+
 class Spy(PolicyBackend):
     "Passes generate through, keeping every Generation it returned: what the model sampled, as the backend saw it."
 
@@ -74,11 +83,7 @@ def test_openai_client_sampled_chat_records_the_sampled_ids(tiny):
 def test_openai_function_calling_round_trip(tiny):
     "The model writes compact JSON; the client gets tool_calls, sends them back as data; the ids stay the sampled ones."
     tok, _ = tiny
-    def model(ctx):
-        if "<tool_response>" not in ctx:
-            return '<tool_call>{"name":"search","arguments":{"query":"Nile"}}</tool_call>'
-        return "<answer>Egypt</answer>"
-    spy = Spy(ScriptedBackend(tok, model))
+    spy = Spy(ScriptedBackend(tok, compact_caller("Nile", "Egypt")))
     gw = Gateway(spy, tok)
     with GatewayServer(gw, api_key="secret") as server:
         client = openai.OpenAI(base_url=server.episode_url("fc"), api_key="secret", max_retries=0)
@@ -96,7 +101,7 @@ def test_openai_function_calling_round_trip(tiny):
         assert done.json() == {"episode": "fc", "status": "ended", "reward": 1.0, "calls": 2}
     traj = _check_recorded(gw, "fc", spy, tok)
     second = gw.episodes["fc"].calls[1]
-    assert second.naive_ids != second.prompt_ids  # rendering the text back would have fed other ids
+    assert initial_prompt_ids(tok, second.messages, second.tools) != second.prompt_ids  # text would feed other ids
     assert set(traj.steps[0].env_roles) == {"tool", "template"} and traj.steps[-1].reason == "ended"
 
 
@@ -230,11 +235,7 @@ def test_drift_is_measured_from_the_module_alone(tiny):
     tok, _ = tiny
     from agent_r1_tutorial.gateway import drift_cause, drift_table
 
-    def model(ctx):
-        if "<tool_response>" not in ctx:
-            return '<tool_call>{"name":"search","arguments":{"query":"x"}}</tool_call>'
-        return "<answer>y</answer>"
-    gw = Gateway(ScriptedBackend(tok, model), tok)
+    gw = Gateway(ScriptedBackend(tok, compact_caller("x", "y")), tok)
     msgs = [{"role": "user", "content": "q"}]
     reply = gw.complete("d", {"messages": msgs, "tools": [SEARCH]})["choices"][0]["message"]
     gw.complete("d", {"messages": msgs + [reply, {"role": "tool", "content": "found y"}], "tools": [SEARCH]})
