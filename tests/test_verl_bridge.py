@@ -342,17 +342,48 @@ def test_bench_logits_compares_side_by_side_and_rejects_bad_options(tmp_path):
     assert code == 2 and "--rows must be a positive integer, got 0" in err
     code, out, err = _run([sys.executable, "scripts/bench_logits.py", "--device", "tpu"])
     assert code == 2 and "--device must be cpu or cuda" in err
+    code, out, err = _run([sys.executable, "scripts/bench_logits.py", "--rows", "10", "--batch", "3"])
+    assert code == 2 and "--rows (10) must be a multiple of --batch (3)" in err
+    code, out, err = _run([sys.executable, "scripts/bench_logits.py", "--model", "tiny", "--vocab", "2000"])
+    assert code == 2 and "--model uses its own vocabulary" in err
     if not HAS_VERL:
         return
     code, out, err = _run([sys.executable, "scripts/bench_logits.py", "--rows", "96", "--vocab", "2000", "--chunk", "32",
-                           "--backward", "--out", str(tmp_path / "b.json")])
+                           "--batch", "4", "--backward", "--out", str(tmp_path / "b.json")])
     assert code == 0, err
     import json
     res = {r["variant"]: r for r in json.loads((tmp_path / "b.json").read_text())["results"]}
     assert set(res) == {"verl_logprobs", "chunked_logprobs", "verl_entropy", "chunked_entropy"}
     assert res["chunked_logprobs"]["max_error"] < 1e-4 and res["chunked_entropy"]["max_error"] < 1e-3
     assert res["verl_logprobs"]["dtype"] == "torch.bfloat16" and res["chunked_logprobs"]["dtype"] == "torch.float32"
-    assert "chunked / verl's fallback" in out
+    assert "chunked / verl's fallback" in out and "(4 x 24)" in out
+
+
+@pytest.mark.slow
+@needs_verl
+def test_bench_logits_with_a_models_forward_pass(tmp_path):
+    import json
+    # a tiny model (the script's own quick check): a minute on a CPU, most of it the 151,936-entry vocabulary
+    code, out, err = _run([sys.executable, "scripts/bench_logits.py", "--rows", "64", "--batch", "2", "--model", "tiny",
+                           "--out", str(tmp_path / "m.json")])
+    assert code == 0, err
+    res = json.loads((tmp_path / "m.json").read_text())
+    assert [r["variant"] for r in res["results"]] == ["verl", "chunked"] and res["model"] == "tiny"
+    assert all(r["seconds"] > 0 and r["params"] > 0 for r in res["results"])
+
+
+def test_bench_encoder_times_the_index_encoder_and_rejects_bad_options(tmp_path):
+    code, out, err = _run([sys.executable, "scripts/bench_encoder.py", "--passages", "0"])
+    assert code == 2 and "--passages and --batch-size must be positive integers" in err
+    code, out, err = _run([sys.executable, "scripts/bench_encoder.py", "--tokenizer", str(tmp_path)])
+    assert code == 2 and "no WordPiece tokenizer folder" in err
+    code, out, err = _run([sys.executable, "scripts/bench_encoder.py", "--passages", "16", "--size", "small",
+                           "--batch-size", "8", "--out", str(tmp_path / "e.json")])
+    assert code == 0, err
+    import json
+    res = json.loads((tmp_path / "e.json").read_text())["results"]
+    assert [r["dtype"] for r in res] == ["fp32"] and res[0]["passages_per_s"] > 0  # fp16 only on a GPU
+    assert "16 passages" in out and "passages/s" in out
 
 
 # ---------------------------------------------------------------- reward
