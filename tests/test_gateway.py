@@ -257,3 +257,28 @@ def test_a_trainer_forces_its_sampling_settings(tiny):
     gw.sampling = {}  # back to the agent's settings: temperature 2 now samples
     sampled = [gw.complete(f"s{i}", ask) and gw.episodes[f"s{i}"].calls[0].choices[0].token_ids for i in range(2)]
     assert sampled[0] != sampled[1]
+
+
+def test_batch_wait_samples_one_turn_of_many_agents_in_one_backend_call(tiny):
+    tok, _ = tiny
+    with pytest.raises(ValueError, match="batch_wait must be >= 0 and batch_idle > 0 seconds"):
+        Gateway(ScriptedBackend(tok, lambda ctx: "hi"), tok, batch_wait=-1)
+    with pytest.raises(ValueError, match="batch_idle > 0"):
+        Gateway(ScriptedBackend(tok, lambda ctx: "hi"), tok, batch_idle=0)
+    with pytest.raises(ValueError, match="max_in_flight must be a positive int, got 0"):
+        GatewayServer(Gateway(ScriptedBackend(tok, lambda ctx: "hi"), tok), max_in_flight=0).start()
+
+    def agent(base_url, task):  # one call each, after a stagger: without a wait they would arrive one by one
+        time.sleep(0.003 * task["n"])
+        client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0)
+        return client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "Go."}],
+                                              max_tokens=4).choices[0].message.content
+
+    tasks = [{"n": n} for n in range(16)]  # more than asyncio's default pool of threads (cpu_count + 4) would hold
+    for wait, most in ((20.0, 1), (0.0, 16)):  # a long idle limit: a busy machine starts eight clients slowly
+        gw = Gateway(ScriptedBackend(tok, lambda ctx: "hi"), tok, batch_wait=wait, batch_idle=5.0)
+        with GatewayServer(gw) as server:
+            trajs = collect(server, agent, tasks, lambda answer, task: float(answer == "hi"), workers=16)
+        assert [t.outcome_reward for t in trajs] == [1.0] * 16 and gw.stats["requests"] == 16
+        assert gw.stats["batches"] <= most  # with the wait: every open episode's request in one backend call
+    assert gw.stats["batches"] > 1  # without it, the staggered requests are not all sampled together
