@@ -436,6 +436,8 @@ TAUGHT = {
     "verl.html": ["def run_agent_episode", "def verl_agent_loop_class", "class Ar1AgentLoop"],
     "worlds.html": ["def make_split", "def arith_problem"],
     "textgames.html": ["def clean_feedback", "class GamePolicyBackend", "def play_games", "def game_metrics"],
+    "blackbox.html": ["def openai_agent", "def http_search", "def httpx_agent", "class AgentTrainer", "def rollout",
+                      "def held_out_em", "def train_agent_runs"],
     "gamerun.html": ["def game_specs", "def sft_ready", "def weak_levels", "def rl_step_costs"],
 }
 
