@@ -54,6 +54,7 @@ class Call:
     chosen: int = 0  # the choice the conversation continued with (known once the next request arrives)
     seconds: float = 0.0  # time in the model
     new_roles: list[str] = field(default_factory=list)  # 'tool' or 'template' for each id after the reused ones
+    version: Any = None  # the weights' version when the reply came, for a backend that reports one (`global_steps`)
 
 
 @dataclass
@@ -64,6 +65,7 @@ class Episode:
     status: str = "open"  # "open", then "ended" (with a reward) or "crashed" (the agent failed mid-episode)
     reward: float = 0.0
     info: dict = field(default_factory=dict)  # what the closing request sent besides the reward
+    segment_start: int = 0  # the length of the prompt that began the current growing row (see response_budget)
 
 # %% auto #0
 __all__ = ['ROLES', 'GatewayError', 'Call', 'Episode', 'same_message', 'episode_prompt_ids', 'check_request', 'Gateway',
@@ -209,15 +211,20 @@ class Gateway:
         sampling: dict | None = None,  # temperature and/or max_tokens that override every request's (see below)
         batch_wait: float = 0.0,  # seconds a request may wait for the other open episodes' requests (0: none)
         batch_idle: float = 0.02,  # ... but no longer than this after the last one arrived
+        response_budget: int | None = None,  # the most tokens a growing row may hold after its prompt (None: no cap)
     ):
         if not (isinstance(batch_wait, (int, float)) and batch_wait >= 0 and isinstance(batch_idle, (int, float))
                 and batch_idle > 0):
             raise ValueError(f"batch_wait must be >= 0 and batch_idle > 0 seconds, got {batch_wait!r} and "
                              f"{batch_idle!r}")
+        if response_budget is not None and (not isinstance(response_budget, int) or response_budget < 1):
+            raise ValueError(f"response_budget must be a positive int or None, got {response_budget!r}")
+        self.response_budget = response_budget
         self.sampling = _check_sampling(sampling)  # a trainer sets how the policy samples, whatever the agent asks
         self.backend, self.tokenizer, self.model_name = backend, tokenizer, model_name
         self.max_tokens, self.max_n, self.fmt = max_tokens, max_n, fmt or HermesFormat()
         self.episodes: dict[str, Episode] = {}
+        self._released: set[str] = set()  # closed episodes whose records were handed over (release)
         self._lock = threading.Lock()  # guards the records; the model runs outside it
         self._busy: set[str] = set()  # episodes with a request being answered
         self._eos = tokenizer.eos_token_id
@@ -232,6 +239,9 @@ class Gateway:
         req["temperature"] = forced.get("temperature", req["temperature"])
         req["max_tokens"] = min(req["max_tokens"], forced.get("max_tokens", req["max_tokens"]))
         with self._lock:
+            if episode_id in self._released:  # a late call of an episode already trained on
+                raise GatewayError(f"episode {episode_id!r} has ended: start a new episode id", 409,
+                                   code="episode_closed")
             ep = self.episodes.setdefault(episode_id, Episode(episode_id))
             if ep.status != "open":
                 raise GatewayError(f"episode {episode_id!r} has {ep.status}: start a new episode id", 409,
@@ -241,6 +251,7 @@ class Gateway:
             self._busy.add(episode_id)
             try:
                 ids, reused, continued, roles = episode_prompt_ids(self.tokenizer, ep, req["messages"], req["tools"])
+                req["max_tokens"] = self._room(ep, ids, reused, req["max_tokens"])
             except Exception:
                 self._busy.discard(episode_id)
                 raise
@@ -256,7 +267,7 @@ class Gateway:
             replies = [self._reply(t) for t in texts]
             with self._lock:
                 ep.calls.append(Call(ids, list(gens), replies, req["messages"], req["tools"], reused, 0,
-                                     seconds, roles))
+                                     seconds, roles, getattr(self.backend, "global_steps", None)))
         finally:
             self._busy.discard(episode_id)
         finish = [("tool_calls" if r.get("tool_calls") else "length" if g.stop_reason == "length" else "stop")
@@ -267,6 +278,21 @@ class Gateway:
                             for i, (r, f) in enumerate(zip(replies, finish))],
                 "usage": {"prompt_tokens": len(ids), "completion_tokens": sum(len(g.token_ids) for g in gens),
                           "total_tokens": len(ids) + sum(len(g.token_ids) for g in gens)}}
+
+    def _room(self, ep: Episode, ids: list[int], reused: int, max_tokens: int) -> int:
+        """A reply's token cap under `response_budget`: a trainer's row holds the prompt, then at most that many
+        tokens (replies and what came between them); a request past it is refused as OpenAI refuses an over-long
+        context."""
+        if not reused:  # a new row: the whole request was rendered from text
+            ep.segment_start = len(ids)
+        if self.response_budget is None:
+            return max_tokens
+        room = self.response_budget - (len(ids) - ep.segment_start)
+        if room < 1:
+            raise GatewayError(f"this episode's context has {len(ids)} tokens, past the trainer's budget of "
+                               f"{self.response_budget} tokens after its first prompt ({ep.segment_start}): end the "
+                               "episode", param="messages", code="context_length_exceeded")
+        return min(max_tokens, room)
 
     def _sample(self, ids: list[int], n: int, params: SamplingParams) -> list[Generation]:
         "Queue one request; the batcher samples it together with every request waiting beside it."
@@ -350,10 +376,23 @@ class Gateway:
         if not isinstance(reward, (int, float)) or isinstance(reward, bool) or reward != reward:
             raise GatewayError(f"reward must be a number, got {reward!r}", param="reward")
         with self._lock:
+            if episode_id in self._released:
+                raise GatewayError(f"episode {episode_id!r} has already ended", 409, code="episode_closed")
             ep = self.episodes.setdefault(episode_id, Episode(episode_id))
             if ep.status != "open":
                 raise GatewayError(f"episode {episode_id!r} has already {ep.status}", 409, code="episode_closed")
             ep.status, ep.reward, ep.info = status, float(reward), dict(info or {})
+        return ep
+
+    def release(self, episode_id: str) -> Episode:
+        """Hand over a closed episode's record and drop it from the gateway (a long run would otherwise keep every
+        call); its id stays closed, so a late request from a hung agent is refused rather than starting anew."""
+        with self._lock:
+            ep = self.episodes.get(episode_id)
+            if ep is None or ep.status == "open":
+                raise ValueError(f"episode {episode_id!r} is {'open' if ep else 'unknown'}: end it before releasing it")
+            del self.episodes[episode_id]
+            self._released.add(episode_id)
         return ep
 
 # %% ../nbs/06a_gateway.ipynb #dd06f8e9

@@ -9,7 +9,7 @@ import openai
 import pytest
 import torch
 
-from agent_r1_tutorial.gateway import Gateway, GatewayServer, collect, episode_trajectory
+from agent_r1_tutorial.gateway import Gateway, GatewayError, GatewayServer, collect, episode_trajectory
 from agent_r1_tutorial.masks import growing_layout, initial_prompt_ids
 from agent_r1_tutorial.rollout import HFBackend, PolicyBackend, ScriptedBackend
 from agent_r1_tutorial.tinylm import build_tiny_lm
@@ -282,3 +282,41 @@ def test_batch_wait_samples_one_turn_of_many_agents_in_one_backend_call(tiny):
         assert [t.outcome_reward for t in trajs] == [1.0] * 16 and gw.stats["requests"] == 16
         assert gw.stats["batches"] <= most  # with the wait: every open episode's request in one backend call
     assert gw.stats["batches"] > 1  # without it, the staggered requests are not all sampled together
+
+
+def test_a_response_budget_caps_replies_and_refuses_calls_past_it(tiny):
+    "The trainer's row holds at most response_budget tokens after its prompt: replies are cut to the room left, and a"
+    " call with no room gets OpenAI's context_length_exceeded (a 400 the agent sees), not a silently longer row."
+    tok, _ = tiny
+    with pytest.raises(ValueError, match="response_budget must be a positive int or None, got 0"):
+        Gateway(ScriptedBackend(tok, lambda ctx: "hi"), tok, response_budget=0)
+    gw = Gateway(ScriptedBackend(tok, compact_caller("Nile", "Egypt")), tok, response_budget=12)
+    with GatewayServer(gw) as server:
+        client = openai.OpenAI(base_url=server.episode_url("b"), api_key="none", max_retries=0)
+        messages = [{"role": "user", "content": "Where does the Nile end?"}]
+        r = client.chat.completions.create(model="policy", messages=messages, tools=[SEARCH])
+        first = gw.episodes["b"].calls[0]
+        assert len(first.choices[0].token_ids) == 12 and r.choices[0].finish_reason == "length"  # cut to the budget
+        messages += [r.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "A long reply " * 9}]
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="policy", messages=messages, tools=[SEARCH])
+        assert e.value.body["code"] == "context_length_exceeded" and "budget of 12 tokens" in e.value.body["message"]
+    assert len(gw.episodes["b"].calls) == 1  # the refused call recorded nothing
+
+
+def test_a_released_episode_stays_closed(tiny):
+    "release hands the record over and forgets it; a late call from the same agent is refused, not a new episode."
+    tok, _ = tiny
+    gw = Gateway(ScriptedBackend(tok, lambda ctx: "hi"), tok)
+    ask = {"messages": [{"role": "user", "content": "Go."}]}
+    gw.complete("r", ask)
+    with pytest.raises(ValueError, match="'r' is open: end it before releasing it"):
+        gw.release("r")
+    gw.end("r", 1.0)
+    ep = gw.release("r")
+    assert ep.reward == 1.0 and len(ep.calls) == 1 and "r" not in gw.episodes
+    with pytest.raises(GatewayError, match="'r' has ended") as e:
+        gw.complete("r", ask)
+    assert e.value.status == 409 and "r" not in gw.episodes
+    with pytest.raises(GatewayError, match="already ended"):
+        gw.end("r", 0.0)
