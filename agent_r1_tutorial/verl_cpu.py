@@ -609,6 +609,8 @@ def verl_rl_stage(
     overrides: Sequence[str] = (),  # further verl Hydra overrides ("key=value"), applied last
     nnodes: int = 1,  # Ray nodes: above 1, a LocalRayCluster on this machine and the multi-node job submission
     cluster=None,  # a running LocalRayCluster to submit to (None: one is started for the run when nnodes > 1)
+    rows=None,  # rewrites each split's rows before they are written (chapter 16a: played by a user's agent)
+    budget=None,  # (rows, tokenizer) -> data.max_prompt_length (default: prompt_budget, our loop's first prompts)
 ) -> dict:  # {"run": VerlRunConfig, "overrides": [...], "metrics": [...], "checkpoint": path, "evals": [...]}
     """The speedrun's RL stage on verl's own trainer: rows from the suite, the CPU run, its final weights as
     final_model, held-out EM on its checkpoints; the stage is then marked done in the run folder, with its time."""
@@ -638,10 +640,13 @@ def verl_rl_stage(
         kw = dict(k=cfg.search_k, max_turns=cfg.max_turns)
         train = world_rows(suite.train_tasks, suite.train_env.worlds, "train", url, **kw)
         held = suite.eval_tasks[::max(1, len(suite.eval_tasks) // val_tasks)][:val_tasks]  # spread over worlds and hops
+        val = world_rows(held, suite.eval_env.worlds, "validation", url, **kw)
+        if rows is not None:
+            train, val = rows(train), rows(val)
         write_rows(train, out / "data" / "train.parquet")
-        write_rows(world_rows(held, suite.eval_env.worlds, "validation", url, **kw), out / "data" / "validation.parquet")
-        run = cpu_run_config(cfg, run_dir / "sft_model", out, prompt_budget(train, tok), max_response_length, steps,
-                             nnodes)
+        write_rows(val, out / "data" / "validation.parquet")
+        run = cpu_run_config(cfg, run_dir / "sft_model", out, (budget or prompt_budget)([*train, *val], tok),
+                             max_response_length, steps, nnodes)
         if overrides:
             run = dataclasses.replace(run, extra_overrides=(*run.extra_overrides, *overrides))
         overrides = cpu_overrides(run)

@@ -547,6 +547,7 @@ def make_verl_agent_loop(
     tokenizer,  # the policy's tokenizer
     processor=None,  # a multimodal processor (None for text models)
     hf_model_type: str | None = None,  # the model's config.model_type (verl passes it; "qwen2" for Qwen2.5)
+    agent_name: str = AGENT_NAME,  # the registered loop to build (a row's agent_name column)
 ):  # an Ar1AgentLoop, ready for `await loop.run(sampling_params, **row)`
     """Build our agent loop exactly as verl's agent-loop worker builds one for a row: registry entry, Hydra
     instantiate, verl's wrappers."""
@@ -561,7 +562,7 @@ def make_verl_agent_loop(
     with contextlib.redirect_stdout(io.StringIO()):  # verl prints the dataset class it picked
         dataset_cls = get_dataset_class(cfg.data)
     return hydra.utils.instantiate(
-        config=_agent_loop_registry[AGENT_NAME],
+        config=_agent_loop_registry[agent_name],
         trainer_config=DictConfigWrap(config=cfg),
         server_manager=server_manager,
         tokenizer=tokenizer,
@@ -622,6 +623,7 @@ def agent_loop_dry_run(
     policy: Callable[[str], str] | None = None,  # instead of the model: a scripted policy (decoded context -> reply)
     response_length: int = 128,  # this episode's response budget (the run's own is rollout.response_length)
     seed: int = 0,  # sampling seed
+    agent_name: str = AGENT_NAME,  # the registered loop to run (another than ours must be registered already)
 ) -> dict:  # what ran and what was checked
     "Play one episode of our agent loop, built as verl builds it, on a local model or script: the dry run's loop check."
     from omegaconf import open_dict
@@ -645,8 +647,8 @@ def agent_loop_dry_run(
     server = LocalServerManager(backend, tokenizer)
 
     async def episode():
-        loop = make_verl_agent_loop(c, server, tokenizer, hf_model_type=getattr(getattr(model, "config", None),
-                                                                                "model_type", None))
+        model_type = getattr(getattr(model, "config", None), "model_type", None)
+        loop = make_verl_agent_loop(c, server, tokenizer, hf_model_type=model_type, agent_name=agent_name)
         t0 = time.perf_counter()
         out = await loop.run(verl_sampling_params(c) | {"logprobs": True}, **row)
         return loop, out, time.perf_counter() - t0
@@ -662,7 +664,7 @@ def agent_loop_dry_run(
     for o in outs:
         o.as_dict()  # what the v1 worker stores: must convert
     x = outs[-1].extra_fields
-    return {"agent_loop": f"{AGENT_NAME} -> {type(loop).__module__}.{type(loop).__qualname__}", "layout": loop.layout,
+    return {"agent_loop": f"{agent_name} -> {type(loop).__module__}.{type(loop).__qualname__}", "layout": loop.layout,
             "policy": "scripted" if policy is not None else type(model).__name__, "outputs": len(outs),
             "turns": x["num_steps"], "tool_calls": x["num_tool_calls"], "end_reason": x["end_reason"],
             "response_tokens": sum(len(o.response_ids) for o in outs), "sampled_tokens": len(sampled),
