@@ -15,6 +15,7 @@
 # (scripts/setup_gpu.sh); `--dry-run` does everything that needs no GPU. Full-scale options: --help.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/scripts/lib.sh"
+export AR1_CALLER_DIR="${AR1_CALLER_DIR:-$PWD}"  # where --agent's relative paths and modules are found
 
 # Reject bad input before any set-up, with the interpreter the environment is (or will be) made from.
 if [ -x "$AR1_VENV/bin/python" ] && [ -z "${PYTHON:-}" ]; then

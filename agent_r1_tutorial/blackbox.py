@@ -5,10 +5,18 @@
 # %% ../nbs/16a_blackbox.ipynb #f7c9702b
 from __future__ import annotations
 
+import asyncio
+import atexit
 import dataclasses
+import importlib
+import importlib.util
 import json
+import os
 import re
+import sys
 import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -19,17 +27,22 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .core import read_jsonl
-from .gateway import Gateway, GatewayServer, collect
+from .gateway import Episode, Gateway, GatewayServer, collect, episode_trajectory
+from .masks import initial_prompt_ids
 from .retrieval_server import RetrievalServer
-from .rollout import HFBackend
+from .rewards import compute_score
+from .rollout import Generation, HFBackend, PolicyBackend, ScriptedBackend
 from .speedrun import SpeedrunConfig, build_suite, evaluate_agent, rl_trainer_config
 from .trainer import Trainer, TrainerConfig
-from .verl_cpu import world_passages
+from .verl_bridge import _plain, episode_log_record, episode_outputs, log_episode, verl_agent_loop_class
+from .verl_cpu import verl_rl_stage, world_passages
 from .worlds import search_reward
 
 # %% auto #0
-__all__ = ['SEARCH_TOOL', 'http_search', 'openai_agent', 'httpx_agent', 'agent_tasks', 'answer_reward', 'AgentTrainer',
-           'held_out_em', 'train_agent_runs', 'summarize_runs']
+__all__ = ['SEARCH_TOOL', 'GATEWAY_AGENT_NAME', 'AGENT_TIMEOUT', 'AGENTS', 'http_search', 'openai_agent', 'httpx_agent',
+           'agent_tasks', 'answer_reward', 'AgentTrainer', 'held_out_em', 'train_agent_runs', 'summarize_runs',
+           'load_agent', 'agent_task', 'agent_rows', 'gateway_loop_config', 'ServerManagerBackend',
+           'verl_gateway_loop_class', 'register_gateway_loop', 'agent_prompt_budget', 'verl_agent_stage']
 
 # %% ../nbs/16a_blackbox.ipynb #46e9df97
 SEARCH_TOOL = {"type": "function", "function": {  # the tool as the agent declares it, in OpenAI's format
@@ -131,7 +144,9 @@ class AgentTrainer(Trainer):
         trajs = collect(self.server, self.agent, flat, self.reward_fn, workers=len(flat), timeout=self.timeout,
                         group=lambda i, task: groups[i])
         seconds = time.perf_counter() - t0
-        self.gateway.episodes.clear()  # recorded: the trajectories hold what the update needs
+        for t in trajs:  # recorded: the trajectories hold what the update needs; the gateway forgets the calls
+            if t is not None:
+                self.gateway.release(t.uid)
         self.last_trajectories = trajs  # one per task, in order (None where the agent never called the model)
         kept = [t for t in trajs if t is not None]  # an agent that never called the model left nothing to train on
         calls = self.gateway.stats["batches"] - before["batches"]
@@ -252,3 +267,284 @@ def summarize_runs(curve: pd.DataFrame) -> pd.DataFrame:
                      "RL 1-hop": last["em/1-hop"], "RL 2-hop": last["em/2-hop"],
                      "2-hop lift": last["em/2-hop"] - first["em/2-hop"]})
     return pd.DataFrame(rows)
+
+# %% ../nbs/16a_blackbox.ipynb #3ca1c3f4
+GATEWAY_AGENT_NAME = "ar1_gateway"  # the verl agent loop that runs a user's agent through a gateway
+AGENT_TIMEOUT = 600.0  # seconds an episode's agent may run before the episode counts as crashed
+AGENTS = {"openai": "agent_r1_tutorial.blackbox:openai_agent",  # short names for the chapter's two agents
+          "httpx": "agent_r1_tutorial.blackbox:httpx_agent"}
+
+
+def load_agent(
+    spec: str,  # "package.module:function", or "path/to/file.py:function"
+    search_dir: str | None = None,  # a folder to import the module from when it is not installed (the launch's cwd)
+) -> Callable[[str, dict], Any]:  # the agent: (base_url, task) -> its final answer
+    "Find a user's agent function by name, as `--agent` names it, with an error that says what is wrong."
+    if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
+        raise ValueError(f"an agent is named 'module:function' or 'file.py:function', got {spec!r}")
+    where, name = spec.split(":")
+    if where.endswith(".py"):
+        path = Path(where) if Path(where).is_absolute() or search_dir is None else Path(search_dir) / where
+        if not path.is_file():
+            raise FileNotFoundError(f"the agent's file {path} does not exist")
+        mod_spec = importlib.util.spec_from_file_location(f"ar1_user_agent_{path.stem}", path)
+        module = importlib.util.module_from_spec(mod_spec)
+        mod_spec.loader.exec_module(module)
+    else:
+        if search_dir and search_dir not in sys.path:
+            sys.path.append(search_dir)  # a module beside the launch, not installed: Ray's workers start elsewhere
+        try:
+            module = importlib.import_module(where)
+        except ImportError as e:
+            raise ImportError(f"cannot import the agent's module {where!r} ({e}); install it, or name its file "
+                              f"instead ('path/to/{where.rsplit('.', 1)[-1]}.py:{name}')") from e
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ValueError(f"{where} has no function {name!r} (an agent is a function (base_url, task) -> answer)")
+    return fn
+
+
+def agent_task(
+    row: dict,  # a verl data row (raw_prompt or prompt, extra_info, tools_kwargs)
+) -> dict:  # question, messages, max_turns, and search_url, collection, k where the row searches a service
+    """What a user's agent reads for one verl row: the question and where to search, never the answer (the row's
+    reward_model stays with the trainer)."""
+    extra = _plain(row.get("extra_info") or {})
+    messages = _plain(row["raw_prompt"] if row.get("raw_prompt") is not None else row.get("prompt")) or []
+    users = [m.get("content") for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+    question = extra.get("question") or (users[-1] if users else None)
+    if not question:
+        raise ValueError("the row has no question: neither extra_info.question nor a user message in its prompt")
+    task = {"question": question, "messages": messages,
+            "max_turns": int((extra.get("env_kwargs") or {}).get("max_turns") or 4),
+            **{k: extra[k] for k in ("split", "index", "hops", "world") if k in extra}}
+    tools = _plain(row.get("tools_kwargs") or extra.get("tools_kwargs") or {})
+    for kw in tools.values():  # a tool over a retrieval service (chapter 04a): the agent searches it itself
+        create = (kw or {}).get("create_kwargs") or {}
+        if create.get("url"):
+            task.update(search_url=create["url"], collection=create.get("collection"), k=int(create.get("k") or 3))
+            break
+    return task
+
+
+def agent_rows(
+    rows: Sequence[dict],  # verl rows (world_rows, hotpotqa_rows)
+    spec: str,  # the agent, as load_agent names it
+    search_dir: str | None = None,  # where a module that is not installed is found (default: this process's cwd)
+) -> list[dict]:  # the same rows, played by the agent through the gateway loop
+    "Rows that verl hands to the gateway loop: the loop's name, and which agent to run."
+    load_agent(spec, search_dir or os.getcwd())  # fail here, before Ray starts, if the agent cannot be found
+    return [{**r, "agent_name": GATEWAY_AGENT_NAME,
+             "extra_info": {**r["extra_info"], "agent": spec, "agent_dir": search_dir or os.getcwd()}} for r in rows]
+
+
+def gateway_loop_config(
+    path: str | Path,  # where to write verl's agent-loop file (a YAML list)
+) -> Path:  # the file: give it to verl as actor_rollout_ref.rollout.agent.agent_loop_config_path
+    "verl's own way to add an agent loop: a file naming the loop and its class, read by every agent-loop worker."
+    path = Path(path).resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"- name: {GATEWAY_AGENT_NAME}\n  _target_: {__name__}.Ar1GatewayLoop\n")
+    return path
+
+# %% ../nbs/16a_blackbox.ipynb #8467ab98
+class ServerManagerBackend(PolicyBackend):
+    """verl's server manager (vLLM's servers at scale, `HFRolloutServer` on a CPU) as the gateway's backend: the
+    gateway's batcher thread hands over a batch, and each request goes to verl's event loop as its own call."""
+
+    def __init__(
+        self,
+        server_manager,  # verl's `async generate(request_id, *, prompt_ids, sampling_params)` -> token ids, log-probs
+        loop: asyncio.AbstractEventLoop,  # the agent-loop worker's event loop, where the server manager lives
+        sampling: dict | None = None,  # verl's settings sent with every call (top_p, top_k, repetition_penalty)
+    ):
+        self.server_manager, self.loop, self.sampling = server_manager, loop, dict(sampling or {})
+        self.global_steps = None  # the newest weight version verl's servers have reported (its staleness metrics)
+
+    def generate(self, contexts, params, keys=None, max_new_tokens=None) -> list[Generation]:
+        budgets = list(max_new_tokens or [params.max_new_tokens] * len(contexts))
+        temperature = 0.0 if params.greedy else params.temperature  # verl's servers read 0 as greedy
+
+        async def all_of_them():
+            return await asyncio.gather(*[self.server_manager.generate(
+                request_id=uuid.uuid4().hex, prompt_ids=list(c),
+                sampling_params={**self.sampling, "temperature": temperature, "max_tokens": int(b), "logprobs": True})
+                for c, b in zip(contexts, budgets)])
+
+        # called from the gateway's thread: the calls run on verl's loop, which is free (its episodes await agents)
+        outs = asyncio.run_coroutine_threadsafe(all_of_them(), self.loop).result()
+        gens = []
+        for out, b in zip(outs, budgets):
+            ef = getattr(out, "extra_fields", None) or {}
+            v = ef.get("max_global_steps", ef.get("global_steps"))
+            if v is not None:
+                self.global_steps = v if self.global_steps is None else max(self.global_steps, v)
+            ids = [int(i) for i in out.token_ids][:b]
+            if not ids:  # aborted (verl drained its servers) or empty: the agent's request fails, its episode crashes
+                raise RuntimeError(f"verl's server returned no tokens (stop reason {out.stop_reason!r})")
+            if not out.log_probs:
+                raise RuntimeError("verl's server returned no log-probs: the gateway records them for the update")
+            stop = "stop" if ids[-1] in params.stop_token_ids else "length"
+            gens.append(Generation(ids, [float(x) for x in out.log_probs[:len(ids)]], stop))
+        return gens
+
+
+_WORKER: dict = {}  # this process's gateway, its server, its backend and the agents' threads (one per agent-loop worker)
+_LOOP: list = []  # the loop class, created once per process
+
+
+def _worker_gateway(server_manager, tokenizer, response_length: int) -> dict:
+    "The agent-loop worker's gateway on 127.0.0.1, started by its first episode and shared by every episode after it."
+    if not _WORKER:
+        backend = ServerManagerBackend(server_manager, asyncio.get_running_loop())
+        # no batch wait: verl's servers batch whatever is in flight themselves
+        gateway = Gateway(backend, tokenizer, max_tokens=response_length, response_budget=response_length)
+        _WORKER.update(gateway=gateway, backend=backend, server=GatewayServer(gateway).start(),
+                       pool=ThreadPoolExecutor(256, thread_name_prefix="agent"), agents={})
+        atexit.register(_WORKER["server"].stop)
+    # the same in a verl worker, whose loop and server manager live as long as the process; fresh in a notebook
+    _WORKER["backend"].server_manager, _WORKER["backend"].loop = server_manager, asyncio.get_running_loop()
+    _WORKER["gateway"].max_tokens = _WORKER["gateway"].response_budget = response_length
+    return _WORKER
+
+
+def verl_gateway_loop_class() -> type:  # Ar1GatewayLoop, a subclass of chapter 12's Ar1AgentLoop
+    "The verl agent loop that plays each row with a user's agent through this worker's gateway (needs verl)."
+    if _LOOP:
+        return _LOOP[0]
+    from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
+
+    class Ar1GatewayLoop(verl_agent_loop_class()):  # its budgets, layout and episode log are chapter 12's
+        """Runs the row's agent (`extra_info.agent`) against an OpenAI endpoint served by verl's own rollout servers;
+        the calls it made become the episode, scored by the row's reward function on the agent's final answer."""
+
+        async def run(self, sampling_params: dict[str, Any], **row):
+            extra = _plain(row.get("extra_info") or {})
+            if not extra.get("agent"):
+                raise ValueError(f"a row for {GATEWAY_AGENT_NAME!r} names its agent in extra_info.agent (agent_rows)")
+            loop, t0 = asyncio.get_running_loop(), time.perf_counter()
+            w = _worker_gateway(self.server_manager, self.tokenizer, self.response_length)
+            if extra["agent"] not in w["agents"]:
+                w["agents"][extra["agent"]] = load_agent(extra["agent"], extra.get("agent_dir"))
+            agent, gateway, task = w["agents"][extra["agent"]], w["gateway"], agent_task(row)
+            # verl decides how the policy samples (training or validation), whatever the agent asks for
+            gateway.sampling = {"temperature": float(sampling_params.get("temperature", 1.0))}
+            w["backend"].sampling = {k: sampling_params[k] for k in ("top_p", "top_k", "repetition_penalty")
+                                     if k in sampling_params}
+            eid = f"verl-{uuid.uuid4().hex[:16]}"
+            timeout = float(extra.get("agent_timeout") or AGENT_TIMEOUT)
+
+            def close(reward: float, status: str, info: dict):
+                if gateway.episodes.get(eid) is None or gateway.episodes[eid].status == "open":  # not closed by the
+                    gateway.end(eid, reward, status, info)  # agent itself (POST .../end, chapter 06a)
+            try:
+                answer = await asyncio.wait_for(loop.run_in_executor(
+                    w["pool"], agent, w["server"].episode_url(eid), task), timeout)
+            except Exception as e:  # a crash, a refused call or a timeout: the calls made so far are kept, unrewarded
+                close(0.0, "crashed", {"error": f"{type(e).__name__}: {e}"[:500]})
+            else:  # scored outside the try: a row that verl cannot score stops the run, it is not the agent's crash
+                gt = _plain(row.get("reward_model") or {}).get("ground_truth")
+                score = compute_score(row.get("data_source"), str(answer or ""), gt, extra)["score"]
+                close(float(score), "ended", {"answer": str(answer)[:500]})
+            ep = gateway.release(eid)
+            # which weights sampled the episode, as verl's v1 trainer reads it (its staleness metrics): the versions
+            # the gateway noted with each call
+            seen = [c.version for c in ep.calls if c.version is not None] or [w["backend"].global_steps]
+            versions = {"min_global_steps": min(seen, default=None), "max_global_steps": max(seen, default=None)}
+            outs = self._outputs(ep, row, time.perf_counter() - t0, versions)
+            if self.episode_dir:
+                record = episode_log_record(episode_trajectory(ep, self.tokenizer), outs, row, self.tokenizer) \
+                    if ep.calls else {"uid": row.get("uid"), "outputs": outs}
+                log_episode(self.episode_dir, {**record, "agent": extra["agent"], "status": ep.status,
+                                               "calls": len(ep.calls), "info": ep.info})
+            outs = [AgentLoopOutput(**o) for o in outs]
+            return outs[0] if len(outs) == 1 and self.layout == "sequence" else outs
+
+        def _outputs(self, ep: Episode, row: dict, seconds: float, versions: dict) -> list[dict]:
+            "The recorded episode as chapter 12 lays one out for verl (an agent that never asked the model: no tokens)."
+            if not ep.calls:
+                messages = row["raw_prompt"] if row.get("raw_prompt") is not None else row["prompt"]
+                prompt = initial_prompt_ids(self.tokenizer, _plain(messages))
+                # one end-of-turn token under mask 0: a row verl can pad and score, with nothing to train on
+                none = {"turn_scores": [], "tool_rewards": [], "end_reason": ep.status, "num_steps": 0,
+                        "layout": self.layout, "num_tool_calls": 0, "num_invalid_calls": 0, "row_index": 0,
+                        "num_rows": 1, **versions,
+                        "reward_extra_info": {"score": ep.reward, "acc": float(ep.reward >= 1.0), "format": 0.0}}
+                # its reward is what the gateway recorded; the policy's share in it is nil, as its mask says
+                return [{"prompt_ids": prompt[-self.prompt_length:], "response_ids": [self.tokenizer.eos_token_id],
+                         "response_mask": [0], "response_logprobs": [0.0], "num_turns": 0, "reward_score": ep.reward,
+                         "metrics": {"generate_sequences": 0.0, "tool_calls": seconds, "num_preempted": -1},
+                         "extra_fields": none}]
+            traj = episode_trajectory(ep, self.tokenizer)
+            for step in traj.steps:  # counted as chapter 12's loop counts them (verl logs num_tool_calls)
+                step.info["n_calls"] = len(step.info["tool_calls"])
+            generate_s = sum(c.seconds for c in ep.calls)
+            traj.metadata.update(outcome_from_env=True, has_logprobs=True, generate_s=generate_s,
+                                 env_s=seconds - generate_s, request_id=ep.id, **versions)
+            outs = episode_outputs(traj, self.tokenizer, self.layout, row, self.response_length)
+            longest = max(len(o["prompt_ids"]) for o in outs)
+            if longest > self.prompt_length:
+                raise ValueError(f"the agent's prompt has {longest} tokens, more than verl's prompt budget "
+                                 f"({self.prompt_length}): raise data.max_prompt_length")
+            return outs
+
+    Ar1GatewayLoop.__module__, Ar1GatewayLoop.__qualname__ = __name__, "Ar1GatewayLoop"
+    _LOOP.append(Ar1GatewayLoop)
+    return Ar1GatewayLoop
+
+
+def __getattr__(name):  # PEP 562: verl's agent-loop file names `agent_r1_tutorial.blackbox.Ar1GatewayLoop`
+    if name == "Ar1GatewayLoop":
+        return verl_gateway_loop_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def register_gateway_loop() -> str:
+    "Register the gateway loop in this process's verl registry (the agent-loop file does it in verl's workers)."
+    from verl.experimental.agent_loop.agent_loop import register
+
+    register(GATEWAY_AGENT_NAME)(verl_gateway_loop_class())
+    return GATEWAY_AGENT_NAME
+
+# %% ../nbs/16a_blackbox.ipynb #95807aea
+def agent_prompt_budget(
+    rows: Sequence[dict],  # verl rows for the gateway loop (agent_rows)
+    tokenizer,  # the policy's tokenizer, with its chat template
+    multiple: int = 32,  # round up to this
+    probes: int = 32,  # rows to run the agent on: those with the longest questions
+) -> int:  # data.max_prompt_length: the longest first request the agent makes for these rows
+    """How long the agent's first prompts are, measured by running it against a gateway whose model answers at once:
+    a black box's prompt is known only by asking it (its system prompt, its tool schemas). It runs on the rows with
+    the longest questions, as an agent's first prompt grows with its question; a longer one stops the run with a
+    message that names the budget."""
+    if not rows:
+        raise ValueError("no rows to measure")
+    spec, where = rows[0]["extra_info"]["agent"], rows[0]["extra_info"].get("agent_dir")
+    tasks = sorted((agent_task(r) for r in rows), key=lambda t: -len(tokenizer(t["question"])["input_ids"]))
+    gateway = Gateway(ScriptedBackend(tokenizer, lambda context: "<answer>-</answer>"), tokenizer)
+    with GatewayServer(gateway) as server:
+        collect(server, load_agent(spec, where), tasks[:probes], lambda answer, task: 0.0, workers=16)
+    firsts = [len(e.calls[0].prompt_ids) for e in gateway.episodes.values() if e.calls]
+    if not firsts:
+        errors = {e.info.get("error") for e in gateway.episodes.values()}
+        raise RuntimeError(f"the agent {spec} made no request to the model for any row: {sorted(map(str, errors))[:3]}")
+    return -(-max(firsts) // multiple) * multiple
+
+
+def verl_agent_stage(
+    cfg: SpeedrunConfig,  # the tiny speedrun's configuration (task "search")
+    run_dir: str | Path,  # the speedrun's run folder, holding sft_model/
+    suite,  # build_suite(cfg)
+    agent: str,  # the agent to train: "openai", "httpx", "module:function" or "file.py:function"
+    search_dir: str | None = None,  # where a relative file or a module that is not installed is found (default: cwd)
+    **kw,  # steps, timeout, verbose, nnodes, ...: as verl_rl_stage
+) -> dict:  # verl_rl_stage's result
+    """The speedrun's RL stage on verl, with every episode played by a user's agent through a gateway in front of
+    verl's rollout servers (`bash speedrun.sh grpo --engine verl --agent ...`)."""
+    spec, search_dir = AGENTS.get(agent, agent), search_dir or os.getcwd()
+    load_agent(spec, search_dir)  # a wrong name stops here, before Ray starts
+    loop_file = gateway_loop_config(Path(run_dir) / "verl" / "agent_loop.yaml")
+    return verl_rl_stage(cfg, run_dir, suite, rows=lambda rows: agent_rows(rows, spec, search_dir),
+                         budget=agent_prompt_budget,
+                         overrides=(f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loop_file}",
+                                    *kw.pop("overrides", ())), **kw)

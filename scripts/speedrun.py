@@ -11,6 +11,7 @@ import dataclasses
 import datetime as dt
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -90,6 +91,11 @@ def parser() -> argparse.ArgumentParser:
     tiny.add_argument("--engine", choices=ENGINES, default="reference",
                       help="the RL stage's trainer: reference (this package's, chapter 10; default) or verl (verl "
                       "0.9.1's own trainer, Ray and FSDP, with the GPU run's configuration, on this CPU; chapter 15)")
+    ap.add_argument("--agent", default=None, metavar="AGENT",
+                    help="train an agent you wrote: a function (base_url, task) -> final answer that calls an OpenAI "
+                    "endpoint, named 'module:function' or 'path/to/file.py:function' ('openai' and 'httpx' are "
+                    "chapter 16a's); verl plays every episode with it through a gateway in front of its rollout "
+                    "servers. On a CPU it needs --engine verl")
     tiny.add_argument("--sft-from", default=None, metavar="RUN_DIR",
                       help="take the data and SFT stages from this finished run (same data and SFT settings) and run "
                       "only RL and the evaluation; by default a finished run in --out with the same settings is used "
@@ -169,6 +175,9 @@ def resolve(args, ap) -> str:
     if args.engine == "verl" and args.dry_run:
         ap.error("--dry-run checks the GPU pipeline without a GPU; --engine verl runs verl's trainer on this CPU for real "
                  "(drop one of them)")
+    if args.agent is not None and args.task != "search":
+        ap.error(f"--agent plays the search task (its rows carry the question and the search service); got --task "
+                 f"{args.task}")
     if args.engine == "verl" and args.task != "search":
         ap.error(f"--engine verl runs the search task (its worlds become verl's data rows); got --task {args.task}")
     gpus = nvidia_gpus()
@@ -181,6 +190,9 @@ def resolve(args, ap) -> str:
                  f"on a CPU the tasks are {', '.join(TINY_TASKS)}")
     if scale == "full" and args.engine == "verl":
         ap.error("--engine verl is the tiny scale's option (verl on this CPU); the full scale always runs verl")
+    if args.agent is not None and scale == "tiny" and args.engine != "verl":
+        ap.error("--agent trains through verl: add --engine verl on a CPU (the reference trainer trains an agent "
+                 "through the gateway with `python scripts/train_agent.py --agent ...`)")
     if args.smoke:
         if scale != "full":
             ap.error("--smoke checks a GPU box (the full scale); add --dry-run to check it without GPUs")
@@ -207,6 +219,13 @@ def run(args, scale: str) -> int:
     from agent_r1_tutorial.core import env_report, env_report_md, seed_everything
 
     seed_everything(args.seed)
+    if args.agent is not None:  # a wrong name stops here, before any stage runs
+        from agent_r1_tutorial.blackbox import AGENTS, load_agent
+
+        try:
+            load_agent(AGENTS.get(args.agent, args.agent), caller_dir())
+        except (ValueError, ImportError, FileNotFoundError) as e:
+            raise SystemExit(f"error: --agent {args.agent}: {e}")
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     if scale == "tiny":
         cfg = tiny_config(args)  # a bad --set stops here, before any folder is made
@@ -237,6 +256,11 @@ def run(args, scale: str) -> int:
     for name, what, chapter in STAGES["textworld" if scale == "tiny" and args.task == "textworld" else scale]:
         if scale == "tiny" and name == "rl" and args.engine == "verl":
             what, chapter = "RL with verl's own trainer (Ray, FSDP, our agent loop) on this CPU", "15 · verl on a CPU"
+            if args.agent is not None:
+                what, chapter = (f"RL with verl's own trainer on this CPU, every episode played by the agent {args.agent} "
+                                 "through the gateway loop", "16a · Training an agent you did not write")
+        if scale == "full" and name == "train" and args.agent is not None:
+            what = f"verl training, every episode played by the agent {args.agent} through the gateway loop"
         fn = BUILT.get(f"{scale}/{name}")
         if fn is None:
             status = "NOT BUILT YET"
@@ -291,12 +315,24 @@ def tiny_run_dir(args) -> Path:
                              + ("" if args.engine == "reference" else f"-{args.engine}")
                              + ("" if args.engine != "verl" or (getattr(args, "nnodes", None) or 1) == 1
                                 else f"-{args.nnodes}nodes")
-                             + ("" if rl_seed is None else f"-rl{rl_seed}"))
+                             + ("" if rl_seed is None else f"-rl{rl_seed}")
+                             + _agent_tag(args))
     d, n = base, 1
     while (d / ".eval.done").exists():
         n += 1
         d = base.with_name(f"{base.name}-{n}")
     return d
+
+
+def caller_dir() -> str:
+    "The folder speedrun.sh was started from (it runs this script from the checkout): --agent's names start there."
+    return os.environ.get("AR1_CALLER_DIR") or os.getcwd()
+
+
+def _agent_tag(args) -> str:
+    "The run folder's part for --agent: '-agent-<function>' (a run of our own loop has none)."
+    agent = getattr(args, "agent", None)
+    return "" if agent is None else "-agent-" + re.sub(r"[^A-Za-z0-9_]+", "_", agent.rsplit(":", 1)[-1])
 
 
 def sft_source(args, cfg, run_dir: Path) -> Path | None:
@@ -356,7 +392,7 @@ def tiny_stage(name: str):
         if name == "data" and (Path(run_dir) / "config.json").exists():
             print(f"  resuming the unfinished run in {run_dir}")
         if name == "rl" and args.engine == "verl":
-            return verl_rl(cfg, Path(run_dir), _SUITES[key], args.nnodes or 1)
+            return verl_rl(cfg, Path(run_dir), _SUITES[key], args.nnodes or 1, args.agent)
         try:
             evals = run_speedrun(cfg, run_dir, stages=[name], suite=_SUITES[key])
         except ValueError as e:
@@ -394,8 +430,9 @@ def game_stage(name: str, cfg, run_dir: Path) -> str:
     return f"done {took}"
 
 
-def verl_rl(cfg, run_dir: Path, suite, nnodes: int = 1) -> str:
-    "The RL stage on verl's own trainer (chapter 15), resumed from its last checkpoint when started again."
+def verl_rl(cfg, run_dir: Path, suite, nnodes: int = 1, agent: str | None = None) -> str:
+    """The RL stage on verl's own trainer (chapter 15), resumed from its last checkpoint when started again; with
+    --agent, every episode is the user's agent's, through the gateway loop (chapter 16a)."""
     from agent_r1_tutorial.speedrun import _done
     from agent_r1_tutorial.verl_cpu import verl_rl_stage
 
@@ -403,8 +440,13 @@ def verl_rl(cfg, run_dir: Path, suite, nnodes: int = 1) -> str:
         return "done before"
     t0 = time.time()
     try:
-        res = verl_rl_stage(cfg, run_dir, suite, nnodes=nnodes)  # marks the stage done
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        if agent is None:
+            res = verl_rl_stage(cfg, run_dir, suite, nnodes=nnodes)  # marks the stage done
+        else:
+            from agent_r1_tutorial.blackbox import verl_agent_stage
+
+            res = verl_agent_stage(cfg, run_dir, suite, agent, search_dir=caller_dir(), nnodes=nnodes)
+    except (ValueError, FileNotFoundError, RuntimeError, ImportError) as e:
         raise SystemExit(f"error: {e}")
     steps = [m for m in res["metrics"] if m["step"] >= 1]
     per_step = sum(m.get("timing_s/step", 0.0) for m in steps) / max(1, len(steps))
@@ -511,6 +553,12 @@ def full_data(run_dir, args) -> str:
     paths = vd.prepare_hotpotqa(out, train, dev, n_train=n_train, n_val=n_val, seed=args.seed, source=source,
                                 search_url=f"http://127.0.0.1:{RETRIEVAL_PORT}")  # the node's retrieval service
     _say(f"{n_train} training and {n_val} validation rows from {source}: {paths['train'].parent}")
+    if args.agent is not None:  # every row played by the user's agent, through the gateway loop (chapter 16a)
+        from agent_r1_tutorial.blackbox import AGENTS, agent_rows
+
+        for p in paths.values():
+            vd.write_rows(agent_rows(vd.read_rows(p), AGENTS.get(args.agent, args.agent), caller_dir()), p)
+        _say(f"the rows are played by the agent {args.agent} through the gateway loop")
     if args.smoke and not args.dry_run:  # the smoke index's corpus: the sampled questions' own paragraphs, kept now
         ids = {r["extra_info"]["source_id"] for p in paths.values() for r in vd.read_rows(p)}
         passages = vd.hotpotqa_passages([r for r in (*train, *dev) if str(r.get("_id")) in ids])
@@ -595,6 +643,10 @@ def _run_config(run_dir, args):
                  rollout_data_dir=str(Path(run_dir) / "rollouts"),
                  val_files=str(data / "validation.parquet"), checkpoint_dir=str(Path(run_dir) / "checkpoints"),
                  seed=args.seed, experiment_name=Path(run_dir).name, extra_overrides=tuple(args.override))
+    if args.agent is not None:  # verl's agent-loop file names the gateway loop's class for every worker
+        from agent_r1_tutorial.blackbox import gateway_loop_config
+
+        knobs["agent_loop_config_path"] = str(gateway_loop_config(Path(run_dir) / "agent_loop.yaml"))
     if args.smoke:  # one GPU: no tensor parallelism; a validation and a checkpoint at the last step
         knobs.update(rollout_tp=1, total_training_steps=SMOKE_STEPS, save_freq=SMOKE_STEPS, test_freq=SMOKE_STEPS)
     for opt, key in (("gpus", "n_gpus_per_node"), ("nnodes", "nnodes"), ("model", "model_path"),
@@ -657,7 +709,10 @@ def full_train(run_dir, args) -> str:
     if stand_in:
         _say(f"model sections checked with a local stand-in for {run.model_path} (verl loads the real one at launch)")
     _say("not converted: " + "; ".join(check["skipped"]))
-    _say(f"agent loop: {check['agent_loop']}")
+    if args.agent is None:
+        _say(f"agent loop: {check['agent_loop']}")
+    else:
+        _say(f"agent loop: ar1_gateway, the agent {args.agent} through a gateway (agent_loop.yaml names the class)")
     if args.dry_run:
         _dry_run_agent_loop(run_dir, cfg, *tiny)
     print("  launch command" + ("s" if len(cmds) > 1 else "") + f" ({run_dir / 'launch.sh'}):")
@@ -723,6 +778,11 @@ def _dry_run_agent_loop(run_dir, cfg, tokenizer, model):
     from agent_r1_tutorial import verl_launch as vl
 
     row = vd.read_rows(Path(run_dir) / "data" / "train.parquet")[0]
+    name = row["agent_name"]
+    if name != vl.AGENT_NAME:  # --agent: the gateway loop, registered here as the agent-loop file registers it there
+        from agent_r1_tutorial.blackbox import register_gateway_loop
+
+        register_gateway_loop()
     scripted = (("scripted player", _scripted_player(row)) if row["data_source"] == "alfworld"
                 else ("scripted solver", _scripted_solver(row)) if row["data_source"] == "openai/gsm8k"
                 else ("scripted searcher", _scripted_searcher(row)))
@@ -737,8 +797,9 @@ def _dry_run_agent_loop(run_dir, cfg, tokenizer, model):
         _say(f"retrieval service over the dry run's index at {create['url']} (the GPU run's: each node's, port "
              f"{RETRIEVAL_PORT})")
     try:
-        results = {"tiny model": vl.agent_loop_dry_run(cfg, row, tokenizer, model, response_length=128),
-                   scripted[0]: vl.agent_loop_dry_run(cfg, row, tokenizer, policy=scripted[1], response_length=1024)}
+        results = {"tiny model": vl.agent_loop_dry_run(cfg, row, tokenizer, model, response_length=128, agent_name=name),
+                   scripted[0]: vl.agent_loop_dry_run(cfg, row, tokenizer, policy=scripted[1], response_length=1024,
+                                                      agent_name=name)}
         if service is not None:
             from agent_r1_tutorial.retrieval_server import RemoteRetriever
 

@@ -13,27 +13,11 @@ are kept, a run that stopped part-way starts again.
 from __future__ import annotations
 
 import argparse
-import importlib
+import os
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-AGENTS = {"openai": "agent_r1_tutorial.blackbox:openai_agent", "httpx": "agent_r1_tutorial.blackbox:httpx_agent"}
-
-
-def load_agent(spec: str):
-    "'openai', 'httpx', or 'module:function' -> the function."
-    spec = AGENTS.get(spec, spec)
-    module, _, name = spec.partition(":")
-    if not module or not name:
-        raise ValueError(f"--agent must be openai, httpx or module:function, got {spec!r}")
-    try:
-        fn = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"--agent {spec}: {e}") from None
-    if not callable(fn):
-        raise ValueError(f"--agent {spec}: {name} is not a function")
-    return fn
 
 
 def main(argv=None) -> int:
@@ -41,22 +25,24 @@ def main(argv=None) -> int:
     ap.add_argument("--run", type=Path, default=ROOT / "runs" / "tiny-search-grpo-s0",
                     help="a finished tiny speedrun (task search) to start from (default runs/tiny-search-grpo-s0)")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "agent", help="where the curves go (default runs/agent)")
-    ap.add_argument("--agent", default="openai", help="openai (default), httpx, or module:function")
+    ap.add_argument("--agent", default="openai",
+                    help="openai (default), httpx, 'module:function' or 'path/to/file.py:function'")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="RL seeds (default 0 1 2)")
     ap.add_argument("--steps", type=int, help="RL steps per run (default: the speedrun's)")
     ap.add_argument("--eval-every", type=int, default=5, help="held-out EM every this many steps (default 5)")
     ap.add_argument("--no-loop", action="store_true", help="skip the comparison runs on the environment loop")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    try:
-        agent = load_agent(args.agent)
-    except ValueError as e:
-        ap.error(str(e))
     if args.steps is not None and args.steps < 1:
         ap.error(f"--steps must be a positive integer, got {args.steps}")
     if args.eval_every < 1:
         ap.error(f"--eval-every must be a positive integer, got {args.eval_every}")
-    from agent_r1_tutorial.blackbox import summarize_runs, train_agent_runs
+    from agent_r1_tutorial.blackbox import AGENTS, load_agent, summarize_runs, train_agent_runs
+
+    try:
+        agent = load_agent(AGENTS.get(args.agent, args.agent), os.getcwd())
+    except (ValueError, ImportError, FileNotFoundError) as e:
+        ap.error(f"--agent {args.agent}: {e}")
     try:
         curve = train_agent_runs(args.run, args.out, agent, args.seeds, args.steps, args.eval_every,
                                  loop=not args.no_loop)

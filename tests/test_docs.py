@@ -437,7 +437,8 @@ TAUGHT = {
     "worlds.html": ["def make_split", "def arith_problem"],
     "textgames.html": ["def clean_feedback", "class GamePolicyBackend", "def play_games", "def game_metrics"],
     "blackbox.html": ["def openai_agent", "def http_search", "def httpx_agent", "class AgentTrainer", "def rollout",
-                      "def held_out_em", "def train_agent_runs"],
+                      "def held_out_em", "def train_agent_runs", "def agent_task", "class ServerManagerBackend",
+                      "class Ar1GatewayLoop", "def verl_agent_stage"],
     "gamerun.html": ["def game_specs", "def sft_ready", "def weak_levels", "def rl_step_costs"],
 }
 
