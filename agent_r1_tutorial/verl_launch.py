@@ -422,6 +422,7 @@ def validate_verl_config(
 def _check_agent_loop(cfg) -> str:
     "The agent loop our rows name must resolve, in this process, to our class, and its layout must suit the trainer."
     from hydra.utils import get_class
+    from omegaconf import OmegaConf
     from verl.experimental.agent_loop.agent_loop import AgentLoopBase, _agent_loop_registry
 
     layout = (cfg.actor_rollout_ref.rollout.get("custom") or {}).get("ar1_layout", "sequence")
@@ -436,7 +437,22 @@ def _check_agent_loop(cfg) -> str:
     target = entry["_target_"]
     if not issubclass(get_class(target), AgentLoopBase):
         raise ValueError(f"{AGENT_NAME!r} resolves to {target}, which is not a verl AgentLoopBase")
-    return f"{AGENT_NAME} -> {target} (layout: {layout})"
+    found = [f"{AGENT_NAME} -> {target} (layout: {layout})"]
+    path = cfg.actor_rollout_ref.rollout.agent.get("agent_loop_config_path")
+    if path:  # every agent-loop worker registers what verl's agent-loop file names: each entry must resolve here too
+        if not Path(path).is_file():
+            raise ValueError(f"actor_rollout_ref.rollout.agent.agent_loop_config_path={path}: no such file")
+        for e in OmegaConf.load(path):
+            try:
+                ok = issubclass(get_class(e["_target_"]), AgentLoopBase)
+            except Exception as err:  # hydra wraps the import error
+                raise ValueError(f"the agent-loop file {path} names {e.get('name')!r} -> {e.get('_target_')}, which "
+                                 f"does not import here: {err}") from None
+            if not ok:
+                raise ValueError(f"the agent-loop file {path} names {e.get('name')!r} -> {e['_target_']}, which is "
+                                 "not a verl AgentLoopBase")
+            found.append(f"{e['name']} -> {e['_target_']} (from the agent-loop file)")
+    return "; ".join(found)
 
 # %% ../nbs/14_verl_launch.ipynb #178c0d39
 def _retrieval_log(log_dir: str) -> str:

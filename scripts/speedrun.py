@@ -709,10 +709,7 @@ def full_train(run_dir, args) -> str:
     if stand_in:
         _say(f"model sections checked with a local stand-in for {run.model_path} (verl loads the real one at launch)")
     _say("not converted: " + "; ".join(check["skipped"]))
-    if args.agent is None:
-        _say(f"agent loop: {check['agent_loop']}")
-    else:
-        _say(f"agent loop: ar1_gateway, the agent {args.agent} through a gateway (agent_loop.yaml names the class)")
+    _say(f"agent loop: {check['agent_loop']}")
     if args.dry_run:
         _dry_run_agent_loop(run_dir, cfg, *tiny)
     print("  launch command" + ("s" if len(cmds) > 1 else "") + f" ({run_dir / 'launch.sh'}):")

@@ -155,3 +155,5 @@ def test_the_full_scale_dry_run_plays_the_agent_through_the_gateway_loop(tmp_pat
     assert all(e["ids_and_masks_ok"] for e in episodes.values())
     searcher = episodes["scripted searcher"]  # the agent searched the dry run's retrieval service and answered right
     assert searcher["turns"] == 2 and searcher["tool_calls"] == 1 and searcher["reward_score"] == 1.0
+    assert "ar1_gateway -> agent_r1_tutorial.blackbox.Ar1GatewayLoop" in json.loads(
+        (run_dir / "validation.json").read_text())["agent_loop"]  # verl's agent-loop file, checked before launch

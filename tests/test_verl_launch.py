@@ -576,3 +576,22 @@ def test_full_eval_reports_verls_last_validation(tmp_path):
     (tmp_path / "metrics-1.jsonl").write_text(json.dumps(lines[1]))
     with pytest.raises(SystemExit, match="logged no validation"):
         speedrun.full_eval(tmp_path, args)
+
+
+def test_validate_checks_every_loop_of_the_agent_loop_file(tmp_path):
+    "verl's agent-loop file is read by every worker at launch: a loop it names that does not import is refused here."
+    from agent_r1_tutorial.blackbox import gateway_loop_config
+
+    bad = tmp_path / "loops.yaml"
+    bad.write_text("- name: mine\n  _target_: no_such_module_ar1.MyLoop\n")
+    with pytest.raises(ValueError, match=r"names 'mine' -> no_such_module_ar1.MyLoop, which does not import here"):
+        vl.validate_verl_config(vl.compose_verl_config(vl.verl_overrides(vl.VerlRunConfig(
+            "grpo", agent_loop_config_path=str(bad)))))
+    with pytest.raises(ValueError, match="agent_loop_config_path=.*gone.yaml: no such file"):
+        vl.validate_verl_config(vl.compose_verl_config(vl.verl_overrides(vl.VerlRunConfig(
+            "grpo", agent_loop_config_path=str(tmp_path / "gone.yaml")))))
+    good = gateway_loop_config(tmp_path / "agent_loop.yaml")
+    check = vl.validate_verl_config(vl.compose_verl_config(vl.verl_overrides(vl.VerlRunConfig(
+        "grpo", agent_loop_config_path=str(good)))))
+    assert check["agent_loop"].endswith("; ar1_gateway -> agent_r1_tutorial.blackbox.Ar1GatewayLoop (from the agent-loop "
+                                        "file)")
