@@ -564,6 +564,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                              'agent_r1_tutorial/retrieval_server.py'),
                                                     'agent_r1_tutorial.retrieval_server._client': ( 'retrieval_service.html#_client',
                                                                                                     'agent_r1_tutorial/retrieval_server.py'),
+                                                    'agent_r1_tutorial.retrieval_server._exit_with': ( 'retrieval_service.html#_exit_with',
+                                                                                                       'agent_r1_tutorial/retrieval_server.py'),
                                                     'agent_r1_tutorial.retrieval_server._free_port': ( 'retrieval_service.html#_free_port',
                                                                                                        'agent_r1_tutorial/retrieval_server.py'),
                                                     'agent_r1_tutorial.retrieval_server._post': ( 'retrieval_service.html#_post',

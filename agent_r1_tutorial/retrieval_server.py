@@ -356,6 +356,7 @@ class RetrievalServer:
         device: str = "cpu",  # where its encoder runs
         startup_timeout: float = 300.0,  # seconds for it to load and answer /health
         max_batch: int = 256,  # queries searched together (RetrievalService)
+        exit_with_parent: bool = True,  # the server exits when this process dies, even by SIGKILL (False: outlive it)
     ):
         if passages is None and not index_dirs:
             raise ValueError("a retrieval server needs passages or index_dirs")
@@ -366,7 +367,7 @@ class RetrievalServer:
             self.args += ["--index-dir", f"{name}={Path(path).resolve()}"]
         self.host, self.port, self.startup_timeout = host, port, startup_timeout
         self.log_file = Path(log_file) if log_file else None
-        self.proc = None
+        self.exit_with_parent, self.proc = exit_with_parent, None
 
     @property
     def url(self) -> str:
@@ -383,7 +384,7 @@ class RetrievalServer:
             self.log_file = Path(tempfile.mkdtemp(prefix="ar1-retrieval-")) / "server.log"
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-c", "from agent_r1_tutorial.retrieval_server import main; main()", *self.args,
-               "--port", str(self.port)]
+               "--port", str(self.port)] + (["--parent-pid", str(os.getpid())] if self.exit_with_parent else [])
         with open(self.log_file, "ab") as f:
             self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
         client, t0 = RemoteRetriever(self.url, timeout=5.0), time.monotonic()
@@ -442,6 +443,8 @@ def main(argv: Sequence[str] | None = None):
     ap.add_argument("--host", default="127.0.0.1", help="127.0.0.1 (default) answers this machine only")
     ap.add_argument("--port", type=int, default=8765)
     ap.add_argument("--max-batch", type=int, default=256)
+    ap.add_argument("--parent-pid", type=int, help="exit when this process is gone (RetrievalServer passes its own: a "
+                    "run killed outright leaves no server behind)")
     ap.add_argument("--background", metavar="LOG", help="start the service in the background, its output in LOG and "
                     "its pid in LOG.pid; return once it answers /health (exit 1 with the log's end if it fails)")
     args = ap.parse_args(argv)
@@ -454,7 +457,7 @@ def main(argv: Sequence[str] | None = None):
     if args.background:  # a launch script's step: the service outlives this command, in its own session
         server = RetrievalServer(passages=args.passages, index_dirs=dirs, retriever=args.retriever, host=args.host,
                                  port=args.port, log_file=args.background, device=args.device,
-                                 max_batch=args.max_batch)
+                                 max_batch=args.max_batch, exit_with_parent=False)
         try:
             server.start()
         except RuntimeError as e:
@@ -467,4 +470,13 @@ def main(argv: Sequence[str] | None = None):
                                    max_batch=args.max_batch)
     except (ValueError, FileNotFoundError) as e:
         ap.exit(2, f"error: {e}\n")
+    if args.parent_pid:
+        threading.Thread(target=_exit_with, args=(args.parent_pid,), daemon=True).start()
     uvicorn.run(service_app(service), host=args.host, port=args.port, log_level="warning")
+
+
+def _exit_with(pid: int, every: float = 1.0):
+    "Exit this process once `pid` is no longer its parent (it died, and the process was handed to another)."
+    while os.getppid() == pid:
+        time.sleep(every)
+    os._exit(0)

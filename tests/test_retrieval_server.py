@@ -125,3 +125,35 @@ def test_command_line_serves_in_the_background_and_refuses_a_taken_port(tmp_path
 def test_command_line_bad_input(argv, msg):
     res = subprocess.run(SCRIPT + argv, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and msg in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+def test_a_server_dies_with_the_process_that_started_it(corpora, tmp_path):
+    "A run killed outright (SIGKILL: no `finally`, no `with`) leaves no retrieval server behind, holding memory and a port."
+    import time
+
+    owner = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "from agent_r1_tutorial.retrieval_server import RetrievalServer\n"
+        f"s = RetrievalServer(passages={str(corpora['path'])!r}, retriever='bm25', log_file={str(tmp_path / 'log')!r})\n"
+        "print(s.start(), s.proc.pid, flush=True)\n"
+        "time.sleep(600)\n")], stdout=subprocess.PIPE, text=True)
+    url, pid = owner.stdout.readline().split()
+    assert RemoteRetriever(url).health()["pid"] == int(pid)
+    owner.kill()
+    owner.wait()
+
+    def alive() -> bool:  # a zombie (exited, not yet reaped by whoever adopted it) counts as gone
+        try:
+            return "\nState:\tZ" not in open(f"/proc/{pid}/status").read()
+        except FileNotFoundError:
+            return False
+
+    for _ in range(50):  # the server checks for its parent every second
+        if not alive():
+            break
+        time.sleep(0.2)
+    else:
+        os.kill(int(pid), signal.SIGKILL)
+        pytest.fail("the retrieval server outlived the process that started it")
+    with pytest.raises(RetrievalServiceError):
+        RemoteRetriever(url, timeout=2).health()
