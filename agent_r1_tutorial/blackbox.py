@@ -276,10 +276,11 @@ AGENTS = {"openai": "agent_r1_tutorial.blackbox:openai_agent",  # short names fo
 
 
 def load_agent(
-    spec: str,  # "package.module:function", or "path/to/file.py:function"
+    spec: str,  # "package.module:function", "path/to/file.py:function", or a short name of AGENTS
     search_dir: str | None = None,  # a folder to import the module from when it is not installed (the launch's cwd)
 ) -> Callable[[str, dict], Any]:  # the agent: (base_url, task) -> its final answer
     "Find a user's agent function by name, as `--agent` names it, with an error that says what is wrong."
+    spec = AGENTS.get(spec, spec) if isinstance(spec, str) else spec
     if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
         raise ValueError(f"an agent is named 'module:function' or 'file.py:function', got {spec!r}")
     where, name = spec.split(":")
@@ -541,10 +542,10 @@ def verl_agent_stage(
 ) -> dict:  # verl_rl_stage's result
     """The speedrun's RL stage on verl, with every episode played by a user's agent through a gateway in front of
     verl's rollout servers (`bash speedrun.sh grpo --engine verl --agent ...`)."""
-    spec, search_dir = AGENTS.get(agent, agent), search_dir or os.getcwd()
-    load_agent(spec, search_dir)  # a wrong name stops here, before Ray starts
+    search_dir = search_dir or os.getcwd()
+    load_agent(agent, search_dir)  # a wrong name stops here, before Ray starts
     loop_file = gateway_loop_config(Path(run_dir) / "verl" / "agent_loop.yaml")
-    return verl_rl_stage(cfg, run_dir, suite, rows=lambda rows: agent_rows(rows, spec, search_dir),
+    return verl_rl_stage(cfg, run_dir, suite, rows=lambda rows: agent_rows(rows, agent, search_dir),
                          budget=agent_prompt_budget,
                          overrides=(f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loop_file}",
                                     *kw.pop("overrides", ())), **kw)

@@ -220,10 +220,10 @@ def run(args, scale: str) -> int:
 
     seed_everything(args.seed)
     if args.agent is not None:  # a wrong name stops here, before any stage runs
-        from agent_r1_tutorial.blackbox import AGENTS, load_agent
+        from agent_r1_tutorial.blackbox import load_agent
 
         try:
-            load_agent(AGENTS.get(args.agent, args.agent), caller_dir())
+            load_agent(args.agent, caller_dir())
         except (ValueError, ImportError, FileNotFoundError) as e:
             raise SystemExit(f"error: --agent {args.agent}: {e}")
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -554,10 +554,10 @@ def full_data(run_dir, args) -> str:
                                 search_url=f"http://127.0.0.1:{RETRIEVAL_PORT}")  # the node's retrieval service
     _say(f"{n_train} training and {n_val} validation rows from {source}: {paths['train'].parent}")
     if args.agent is not None:  # every row played by the user's agent, through the gateway loop (chapter 16a)
-        from agent_r1_tutorial.blackbox import AGENTS, agent_rows
+        from agent_r1_tutorial.blackbox import agent_rows
 
         for p in paths.values():
-            vd.write_rows(agent_rows(vd.read_rows(p), AGENTS.get(args.agent, args.agent), caller_dir()), p)
+            vd.write_rows(agent_rows(vd.read_rows(p), args.agent, caller_dir()), p)
         _say(f"the rows are played by the agent {args.agent} through the gateway loop")
     if args.smoke and not args.dry_run:  # the smoke index's corpus: the sampled questions' own paragraphs, kept now
         ids = {r["extra_info"]["source_id"] for p in paths.values() for r in vd.read_rows(p)}

@@ -37,10 +37,10 @@ def main(argv=None) -> int:
         ap.error(f"--steps must be a positive integer, got {args.steps}")
     if args.eval_every < 1:
         ap.error(f"--eval-every must be a positive integer, got {args.eval_every}")
-    from agent_r1_tutorial.blackbox import AGENTS, load_agent, summarize_runs, train_agent_runs
+    from agent_r1_tutorial.blackbox import load_agent, summarize_runs, train_agent_runs
 
     try:
-        agent = load_agent(AGENTS.get(args.agent, args.agent), os.getcwd())
+        agent = load_agent(args.agent, os.getcwd())
     except (ValueError, ImportError, FileNotFoundError) as e:
         ap.error(f"--agent {args.agent}: {e}")
     try:
